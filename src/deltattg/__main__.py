@@ -1,0 +1,3 @@
+from deltattg.cli import main
+
+raise SystemExit(main())

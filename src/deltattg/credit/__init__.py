@@ -1,0 +1,23 @@
+"""Credit assignment: group advantages, per-step weights and per-token advantages, in one registry of estimators.
+
+Every estimator is a vectorised function ``(StepBatch, CreditConfig) -> Credit`` over the per-trajectory layout;
+``deltattg.credit.layouts`` maps verl-style flat token rows onto it and back, so each estimator serves both layouts.
+"""
+
+from deltattg.credit.batch import Credit, CreditConfig, Fallback, MeterReadings, StepBatch
+from deltattg.credit.registry import available_estimators, get_estimator, register_estimator
+
+# Importing the estimator modules registers them.
+from deltattg.credit import deltattg as _deltattg  # noqa: E402,F401
+from deltattg.credit import grpo as _grpo  # noqa: E402,F401
+
+__all__ = [
+    "Credit",
+    "CreditConfig",
+    "Fallback",
+    "MeterReadings",
+    "StepBatch",
+    "available_estimators",
+    "get_estimator",
+    "register_estimator",
+]

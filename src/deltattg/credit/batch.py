@@ -1,0 +1,95 @@
+"""The per-trajectory tensor layout every estimator reads, its configuration and its result."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class MeterReadings:
+    """Frozen-meter readings of each decision state h_{i,t}, padded ``[n, S]``; meaningful only where ``valid``.
+
+    ``valid`` is False for an invalid (unparseable, failed) reading and at padding. ``tokens_to_go`` is v̂ where
+    ``can_complete`` (b̂) is True. ``logit`` (E.4 +logit) and ``score`` (E.4 +value) are present only when read.
+    """
+
+    valid: Tensor
+    can_complete: Tensor
+    tokens_to_go: Tensor
+    logit: Tensor | None = None
+    score: Tensor | None = None
+
+
+@dataclass
+class StepBatch:
+    """``n`` trajectories padded to ``S`` steps.
+
+    ``group`` holds dense group ids (0..G−1); ``step_tokens`` the trainable tokens n_{i,t} of each action (0 at
+    padding); ``step_mask`` marks real steps, so T_i = ``step_mask[i].sum()``.
+    """
+
+    reward: Tensor
+    success: Tensor
+    group: Tensor
+    step_tokens: Tensor
+    step_mask: Tensor
+    meter: MeterReadings | None = None
+
+    @property
+    def num_steps(self) -> Tensor:
+        return self.step_mask.sum(dim=1)
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group.max().item()) + 1 if self.group.numel() else 0
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """Hyperparameters of every estimator (paper defaults, Table 4); ``failure_cost`` C has no default on purpose."""
+
+    rho: float = 0.2
+    cap: float = 5.0
+    failure_cost: float | None = None
+    epsilon: float = 1e-6
+    logit_clip: float = 10.0
+    scale_by_std: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"rho must be in [0, 1], got {self.rho}")
+        if not self.cap >= 1.0:
+            raise ValueError(f"the multiplier cap M must be >= 1, got {self.cap}")
+        if self.failure_cost is not None and not self.failure_cost > 0:
+            raise ValueError(f"the failure cost C must be > 0, got {self.failure_cost}")
+        if not self.logit_clip > 0:
+            raise ValueError(f"the logit clip L must be > 0, got {self.logit_clip}")
+
+
+class Fallback(enum.IntEnum):
+    """Why a trajectory's advantage was (or was not) redistributed over its steps (Algorithm 1)."""
+
+    REDISTRIBUTED = 0
+    ZERO_ADVANTAGE = 1  # A_i = 0: keeps 0, not queried (line 9)
+    INVALID_GROUP = 2  # an invalid queried reading in its group (lines 12, 31)
+    ALL_UNSUCCESSFUL = 3  # every state predicted unsuccessful (lines 14-15)
+    ZERO_MASS = 4  # Σ m = 0: equal shares 1/T (lines 21-22)
+    OUTCOME_ONLY = 5  # the estimator does not redistribute (GRPO)
+
+
+@dataclass
+class Credit:
+    """An estimator's answer: A_i, the step weights w_{i,t} (0 at padding) and why each trajectory got them."""
+
+    advantage: Tensor
+    step_weights: Tensor
+    fallback: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int8))
+
+    @property
+    def step_advantages(self) -> Tensor:
+        """Ã_{i,t} = A_i · w_{i,t} (Eq. 11), the same for every token of step t."""
+        return self.advantage[:, None] * self.step_weights

@@ -1,0 +1,240 @@
+"""DeltaTTG credit assignment (§3.2 Eq. 7–11, Appendix D.4, Algorithm 1) and its E.4 ablations.
+
+Every variant follows the same path; only the progress signal Δ and two switches change:
+
+    Φ (potential per state, terminal anchored)  ->  Δ_t = Φ_{t+1} − Φ_t          (Eq. 8 with Φ = −c)
+    -> mass m_t (sign-aware, Eq. 9)  ->  shares q_t (uniform mixing ρ, Eq. 10)
+    -> token weights w = B_M(q; n) (D.4)  ->  Ã_{i,t,k} = A_i · w_{i,t} (Eq. 11)
+
+and Algorithm 1's rules decide who is redistributed at all: A_i = 0 keeps 0 and is not queried; an invalid queried
+reading anywhere in a group keeps the whole group's original advantages; a trajectory whose every state is
+predicted unsuccessful keeps its original advantage (variants with a completion prediction b̂ only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from deltattg.credit.batch import Credit, CreditConfig, Fallback, MeterReadings, StepBatch
+from deltattg.credit.grpo import group_sum, outcome_advantage
+from deltattg.credit.registry import register_estimator
+
+Signal = Literal["ttg", "feas", "logit", "value"]
+
+
+def append_terminal(values: Tensor, terminal: Tensor, num_steps: Tensor) -> Tensor:
+    """``[n, S] -> [n, S+1]``: the nonterminal values of each trajectory followed by its terminal value at T_i."""
+    out = torch.cat([values, torch.zeros_like(values[:, :1])], dim=1)
+    return out.scatter(1, num_steps[:, None], terminal[:, None].to(out.dtype))
+
+
+def state_costs(meter: MeterReadings, failure_cost: float) -> Tensor:
+    """c_{i,t} = v̂_{i,t} if b̂_{i,t} = 1 else C (Eq. 7, nonterminal states)."""
+    return torch.where(meter.can_complete, meter.tokens_to_go, torch.full_like(meter.tokens_to_go, failure_cost))
+
+
+def terminal_cost(success: Tensor, failure_cost: float, dtype: torch.dtype) -> Tensor:
+    """c_{i,T_i} = 0 on success, C on failure or truncation (Eq. 7, terminal state)."""
+    return torch.where(success, 0.0, failure_cost).to(dtype)
+
+
+def feasibility_costs(meter: MeterReadings, failure_cost: float) -> Tensor:
+    """C^feas_{i,t} = 0 if b̂_{i,t} = 1 else C (Eq. 20)."""
+    zeros = torch.zeros_like(meter.tokens_to_go)
+    return torch.where(meter.can_complete, zeros, zeros + failure_cost)
+
+
+def clipped_logit_scores(logit: Tensor, clip: float) -> Tensor:
+    """S_{i,t} = clip(ℓ⁺ − ℓ⁻, −L, L) (Eq. 19)."""
+    return logit.clamp(-clip, clip)
+
+
+def progress_potential(batch: StepBatch, config: CreditConfig, signal: Signal) -> Tensor:
+    """Φ_{i,t} for t = 0..T_i (``[n, S+1]``), higher = closer to completion; Δ_{i,t} = Φ_{i,t+1} − Φ_{i,t}.
+
+    ttg: Φ = −c (Eq. 7–8); feas: Φ = −C^feas (Eq. 20); logit: Φ = S with terminal ±L (Eq. 19);
+    value: Φ = S_φ(h) with the terminal anchored to the observed final score (E.4, +value).
+    """
+    meter = batch.meter
+    assert meter is not None
+    dtype = meter.tokens_to_go.dtype
+    if signal in ("ttg", "feas"):
+        if config.failure_cost is None:
+            raise ValueError(f"the {signal} signal needs a failure cost C (--failure-cost)")
+        costs = state_costs(meter, config.failure_cost) if signal == "ttg" else feasibility_costs(meter, config.failure_cost)
+        terminal = terminal_cost(batch.success, config.failure_cost, dtype)
+        return -append_terminal(costs, terminal, batch.num_steps)
+    if signal == "logit":
+        if meter.logit is None:
+            raise ValueError("the logit signal needs logit readings")
+        terminal = torch.where(batch.success, config.logit_clip, -config.logit_clip).to(dtype)
+        return append_terminal(clipped_logit_scores(meter.logit, config.logit_clip), terminal, batch.num_steps)
+    if signal == "value":
+        if meter.score is None:
+            raise ValueError("the value signal needs score readings")
+        return append_terminal(meter.score, batch.reward.to(dtype), batch.num_steps)
+    raise ValueError(f"unknown progress signal {signal!r}")
+
+
+def progress_deltas(potential: Tensor, step_mask: Tensor) -> Tensor:
+    """Δ_{i,t} = Φ_{i,t+1} − Φ_{i,t} = c_{i,t} − c_{i,t+1} (Eq. 8); 0 at padding."""
+    return torch.where(step_mask, potential[:, 1:] - potential[:, :-1], torch.zeros_like(potential[:, 1:]))
+
+
+def allocation_mass(delta: Tensor, advantage: Tensor, step_mask: Tensor, *, sign_aware: bool = True) -> Tensor:
+    """m_{i,t} = max(sign(A_i)·Δ_{i,t}, 0), and 1 when A_i = 0 (Eq. 9); ``sign_aware=False``: max(Δ, 0) (Eq. 21)."""
+    direction = torch.sign(advantage)[:, None] if sign_aware else torch.ones_like(advantage)[:, None]
+    mass = torch.where(advantage[:, None] == 0, torch.ones_like(delta), (direction * delta).clamp(min=0))
+    return mass * step_mask
+
+
+def mixed_shares(mass: Tensor, step_mask: Tensor, rho: float) -> tuple[Tensor, Tensor]:
+    """q_{i,t} = ρ/T_i + (1−ρ)·m_{i,t}/Σ_s m_{i,s} (Eq. 10), or 1/T_i where Σ_s m_{i,s} = 0.
+
+    Returns the shares (0 at padding) and the per-trajectory zero-mass flag.
+    """
+    mask = step_mask.to(mass.dtype)
+    uniform = mask / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    total = mass.sum(dim=1, keepdim=True)
+    zero_mass = total.squeeze(1) <= 0
+    progress_share = mass / torch.where(total > 0, total, torch.ones_like(total))
+    shares = torch.where(zero_mass[:, None], uniform, rho * uniform + (1.0 - rho) * progress_share)
+    return shares, zero_mass
+
+
+def bounded_token_normalization(shares: Tensor, step_tokens: Tensor, cap: float) -> Tensor:
+    """B_M (Appendix D.4): step multipliers with unit token mean, each at most M.
+
+    w⁰_t = N·q_t / Σ_s n_s q_s with N = Σ_s n_s; multipliers above M are cut to M and the excess E is given to the
+    steps below the cap in proportion to their remaining capacity M − w⁰. One pass is exact: the capacity is at
+    least E whenever M ≥ 1, so nobody is pushed over the cap (λ = E / capacity ≤ 1). A trajectory without tokens,
+    or whose shares sit only on token-less steps, gets multipliers of 1.
+    """
+    tokens = step_tokens.to(shares.dtype)
+    total_tokens = tokens.sum(dim=1, keepdim=True)
+    mass = (tokens * shares).sum(dim=1, keepdim=True)
+    degenerate = (mass <= 0) | (total_tokens <= 0)
+    w0 = total_tokens * shares / torch.where(degenerate, torch.ones_like(mass), mass)
+    below = w0 < cap
+    excess = (tokens * (w0 - cap).clamp(min=0)).sum(dim=1, keepdim=True)
+    capacity = (tokens * (cap - w0) * below).sum(dim=1, keepdim=True)
+    lam = torch.where(capacity > 0, excess / torch.where(capacity > 0, capacity, torch.ones_like(capacity)), 0.0)
+    weights = torch.where(below, w0 + lam * (cap - w0), torch.full_like(w0, cap))
+    return torch.where(degenerate, torch.ones_like(weights), weights)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A member of the DeltaTTG family: its progress signal and which components are on (E.4)."""
+
+    signal: Signal = "ttg"
+    sign_aware: bool = True
+    uniform_mixing: bool = True
+
+    @property
+    def has_completion_prediction(self) -> bool:
+        return self.signal in ("ttg", "feas")
+
+
+def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Credit:
+    """Algorithm 1, lines 6–31, vectorised over the whole batch."""
+    if batch.meter is None:
+        raise ValueError("DeltaTTG needs meter readings for the decision states")
+    advantage = outcome_advantage(batch, config)
+    step_mask = batch.step_mask
+    meter = batch.meter
+
+    # Lines 9, 12, 31: only A ≠ 0 trajectories are queried; one invalid queried reading voids its whole group.
+    queried = (advantage != 0)[:, None] & step_mask
+    invalid = (queried & ~meter.valid).any(dim=1)
+    group_invalid = group_sum(invalid.to(advantage.dtype), batch.group, batch.num_groups) > 0
+    invalid_group = group_invalid[batch.group]
+
+    # Lines 14-15: every state predicted unsuccessful -> keep the original advantage.
+    if variant.has_completion_prediction:
+        all_unsuccessful = ~((meter.can_complete & meter.valid & step_mask).any(dim=1))
+    else:
+        all_unsuccessful = torch.zeros_like(invalid)
+
+    # Lines 17-27 for everyone at once; the rules above decide who keeps them.
+    safe = _without_invalid_readings(meter, step_mask)
+    potential = progress_potential(replace(batch, meter=safe), config, variant.signal)
+    delta = progress_deltas(potential, step_mask)
+    mass = allocation_mass(delta, advantage, step_mask, sign_aware=variant.sign_aware)
+    shares, zero_mass = mixed_shares(mass, step_mask, config.rho if variant.uniform_mixing else 0.0)
+    weights = bounded_token_normalization(shares, batch.step_tokens, config.cap)
+
+    keep = (advantage == 0) | invalid_group | all_unsuccessful
+    weights = torch.where(keep[:, None], torch.ones_like(weights), weights) * step_mask
+    fallback = torch.full_like(advantage, Fallback.REDISTRIBUTED, dtype=torch.int8)
+    fallback[zero_mass] = Fallback.ZERO_MASS
+    fallback[all_unsuccessful] = Fallback.ALL_UNSUCCESSFUL
+    fallback[invalid_group] = Fallback.INVALID_GROUP
+    fallback[advantage == 0] = Fallback.ZERO_ADVANTAGE
+    return Credit(advantage, weights, fallback)
+
+
+def _without_invalid_readings(meter: MeterReadings, step_mask: Tensor) -> MeterReadings:
+    """Readings with invalid/padded entries set to harmless values, so the batched arithmetic stays finite.
+
+    Their trajectories are restored to their original advantages afterwards (invalid group), so the values are unused.
+    """
+    ok = meter.valid & step_mask
+
+    def clean(x: Tensor | None) -> Tensor | None:
+        return None if x is None else torch.where(ok, x, torch.zeros_like(x))
+
+    return MeterReadings(
+        valid=ok,
+        can_complete=meter.can_complete & ok,
+        tokens_to_go=clean(meter.tokens_to_go),  # type: ignore[arg-type]
+        logit=clean(meter.logit),
+        score=clean(meter.score),
+    )
+
+
+VARIANTS: dict[str, Variant] = {
+    "deltattg": Variant(),
+    "pos": Variant(sign_aware=False),
+    "rho0": Variant(uniform_mixing=False),
+    "feas": Variant(signal="feas"),
+    "logit": Variant(signal="logit"),
+    "value": Variant(signal="value"),
+}
+
+_DOCS = {
+    "deltattg": "DeltaTTG: Token-to-Go progress redistributes A_i over steps (Eq. 7-11, Algorithm 1).",
+    "pos": "DeltaTTG without sign-aware reversal: m = max(Δ, 0) for every A_i (E.4, Eq. 21).",
+    "rho0": "DeltaTTG without uniform mixing: ρ = 0 (E.4, Eq. 22).",
+    "feas": "DeltaTTG with binary feasibility only: costs 0 / C (E.4, Eq. 20).",
+    "logit": "DeltaTTG with the clipped completion logit as progress, terminal ±L (E.4, Eq. 19).",
+    "value": "DeltaTTG with an outcome-score meter: Δ = S(h_{t+1}) − S(h_t) (E.4, +value).",
+}
+
+
+def _make_estimator(name: str, variant: Variant):
+    def estimator(batch: StepBatch, config: CreditConfig) -> Credit:
+        return redistribute(batch, config, variant)
+
+    estimator.__name__ = name
+    estimator.__doc__ = _DOCS[name]
+    return estimator
+
+
+for _name, _variant in VARIANTS.items():
+    register_estimator(_name)(_make_estimator(_name, _variant))
+
+
+def needs_failure_cost(name: str) -> bool:
+    """Whether estimator ``name`` uses the failure cost C (the ttg and feas signals)."""
+    return name in VARIANTS and VARIANTS[name].signal in ("ttg", "feas")
+
+
+def required_reading(name: str) -> str:
+    """Which field of a meter entry a DeltaTTG-family estimator reads (``can_complete``, ``logit`` or ``score``)."""
+    signal = VARIANTS[name].signal
+    return {"ttg": "can_complete", "feas": "can_complete", "logit": "logit", "value": "score"}[signal]

@@ -1,0 +1,109 @@
+"""A literal, per-trajectory Python transcription of Algorithm 1 (Appendix D.6), kept for two jobs only:
+it is the oracle the vectorised estimators are tested against, and the baseline ``bench/`` times them against.
+
+Plain floats and loops, one line of the algorithm after another; nothing here is used on a training path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+
+from deltattg.credit.batch import CreditConfig
+from deltattg.data.trajectory import MeterOutput
+
+
+def group_advantages(rewards: Sequence[float], num_steps: Sequence[int], groups: Sequence[Hashable], eps: float) -> list[float]:
+    """Eq. 14, literally: every trajectory repeated T_i times in its group's rows."""
+    rows: dict[Hashable, list[float]] = defaultdict(list)
+    for reward, steps, group in zip(rewards, num_steps, groups):
+        rows[group].extend([reward] * steps)
+    out = []
+    for reward, group in zip(rewards, groups):
+        values = rows[group]
+        if max(values, default=reward) == min(values, default=reward):
+            out.append(0.0)
+            continue
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        out.append((reward - mean) / (std + eps))
+    return out
+
+
+def bounded_normalization(q: list[float], n: list[int], cap: float) -> list[float]:
+    """B_M (D.4) literally: unit token mean, cap at M, hand the excess to tokens below the cap by capacity, repeat."""
+    total = sum(n)
+    mass = sum(nt * qt for nt, qt in zip(n, q))
+    if total == 0 or mass <= 0:
+        return [1.0] * len(q)
+    w = [total * qt / mass for qt in q]
+    while True:
+        excess = sum(nt * (wt - cap) for nt, wt in zip(n, w) if wt > cap)
+        if excess <= 1e-12 * total:
+            return [min(wt, cap) for wt in w]
+        capacity = sum(nt * (cap - wt) for nt, wt in zip(n, w) if wt < cap)
+        if capacity <= 0:
+            return [min(wt, cap) for wt in w]
+        w = [cap if wt >= cap else wt + excess * (cap - wt) / capacity for wt in w]
+
+
+def algorithm1(
+    rewards: Sequence[float],
+    successes: Sequence[bool],
+    groups: Sequence[Hashable],
+    step_tokens: Sequence[Sequence[int]],
+    meter: Sequence[Sequence[MeterOutput | None]],
+    config: CreditConfig,
+    *,
+    signal: str = "ttg",
+    sign_aware: bool = True,
+    uniform_mixing: bool = True,
+) -> tuple[list[float], list[list[float]], list[list[float]]]:
+    """Lines 6–31 of Algorithm 1 for one batch: (A_i, w_{i,t}, Ã_{i,t,k} for every token)."""
+    C = config.failure_cost
+    rho = config.rho if uniform_mixing else 0.0
+    T = [len(n) for n in step_tokens]
+    A = group_advantages(rewards, T, groups, config.epsilon)  # line 6
+    weights = [[1.0] * T[i] for i in range(len(T))]  # line 7
+    valid_group: dict[Hashable, bool] = defaultdict(lambda: True)
+    for i in range(len(T)):  # lines 9-12: queried states of A != 0 trajectories must all be valid
+        if A[i] != 0:
+            for t in range(T[i]):
+                if meter[i][t] is None:
+                    valid_group[groups[i]] = False
+    for i in range(len(T)):  # line 13
+        if A[i] == 0 or not valid_group[groups[i]]:
+            continue  # keep original advantages (line 31)
+        readings = meter[i]
+        if signal in ("ttg", "feas") and all(not r.can_complete for r in readings):  # type: ignore[union-attr]
+            continue  # line 15
+        potential = []
+        for t in range(T[i]):  # line 17 (and the E.4 variants)
+            r = readings[t]
+            if signal == "ttg":
+                potential.append(-(r.tokens_to_go if r.can_complete else C))
+            elif signal == "feas":
+                potential.append(-(0.0 if r.can_complete else C))
+            elif signal == "logit":
+                potential.append(max(-config.logit_clip, min(config.logit_clip, r.logit)))
+            else:
+                potential.append(r.score)
+        if signal in ("ttg", "feas"):  # line 18
+            potential.append(-(0.0 if successes[i] else C))
+        elif signal == "logit":
+            potential.append(config.logit_clip if successes[i] else -config.logit_clip)
+        else:
+            potential.append(rewards[i])
+        delta = [potential[t + 1] - potential[t] for t in range(T[i])]  # line 19
+        sign = (1.0 if A[i] > 0 else -1.0) if sign_aware else 1.0
+        m = [max(sign * d, 0.0) for d in delta]  # line 20
+        if sum(m) == 0:  # lines 21-22
+            q = [1.0 / T[i]] * T[i]
+        else:  # line 24
+            q = [rho / T[i] + (1 - rho) * m[t] / sum(m) for t in range(T[i])]
+        weights[i] = bounded_normalization(q, list(step_tokens[i]), config.cap)  # lines 26-27
+    token_advantages = [  # line 28
+        [A[i] * weights[i][t] for t in range(T[i]) for _ in range(step_tokens[i][t])] for i in range(len(T))
+    ]
+    return A, weights, token_advantages

@@ -1,0 +1,1 @@
+"""Trajectories, their JSONL format, token counting and Token-to-Go labels."""

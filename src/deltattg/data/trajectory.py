@@ -1,0 +1,277 @@
+"""The trajectory record: one agent episode, as JSONL and as a Python object.
+
+One JSON object per line::
+
+    {"id": "t0", "group": "task-17", "reward": 1.0, "success": true, "policy": "qwen3-4b",
+     "messages": [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", ...}, {"role": "tool", ...}],
+     "step_tokens": [12, 40],                      # optional: assistant tokens of each action
+     "steps": [{"observation": "...", "token_ids": [...], "logprobs": [...], "reward": 0.0}],  # optional (rollouts)
+     "meter": [{"can_complete": true, "tokens_to_go": 412}, null]}                        # optional (scored)
+
+A *step* (action) is one assistant message; step t's decision prefix is every message before it. ``T`` is the number
+of steps. Fields we do not know are kept and written back unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltattg.errors import InputError
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class MeterOutput:
+    """One progress-meter reading of a decision prefix (an invalid reading is ``None``, never a MeterOutput).
+
+    ``can_complete`` / ``tokens_to_go`` are the paper's (b̂, v̂) (§3.1); ``logit`` is log p(true) − log p(false) after
+    ``{"can_complete":`` (E.4, +logit); ``score`` is a final-score estimate S_φ(h) (E.4, +value).
+    """
+
+    can_complete: bool | None = None
+    tokens_to_go: float | None = None
+    logit: float | None = None
+    score: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.can_complete is not None:
+            out["can_complete"] = self.can_complete
+            out["tokens_to_go"] = _plain_number(self.tokens_to_go) if self.can_complete else None
+        if self.logit is not None:
+            out["logit"] = self.logit
+        if self.score is not None:
+            out["score"] = self.score
+        return out
+
+
+@dataclass
+class Step:
+    """Rollout detail of one action: what the loss and the observation-grouping estimators need."""
+
+    observation: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    reward: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Trajectory:
+    id: str
+    group: str
+    reward: float
+    success: bool
+    messages: list[dict] | None = None
+    step_tokens: list[int] | None = None
+    policy: str | None = None
+    steps: list[Step] | None = None
+    meter: list[MeterOutput | None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        if self.step_tokens is not None:
+            return len(self.step_tokens)
+        if self.messages is not None:
+            return len(assistant_indices(self.messages))
+        if self.steps is not None:
+            return len(self.steps)
+        raise InputError("has neither messages, step_tokens nor steps", field="messages")
+
+    def prefixes(self, terminal: bool = False) -> Iterator[list[dict]]:
+        """Decision prefixes h_t (all messages before assistant message t), t = 0..T-1, and h_T when ``terminal``."""
+        if self.messages is None:
+            raise InputError("decision prefixes need messages", field="messages")
+        for index in assistant_indices(self.messages):
+            yield self.messages[:index]
+        if terminal:
+            yield list(self.messages)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "group": self.group, "reward": self.reward, "success": self.success}
+        if self.policy is not None:
+            out["policy"] = self.policy
+        if self.messages is not None:
+            out["messages"] = self.messages
+        if self.step_tokens is not None:
+            out["step_tokens"] = self.step_tokens
+        if self.steps is not None:
+            out["steps"] = [step.to_json() for step in self.steps]
+        if self.meter is not None:
+            out["meter"] = [None if m is None else m.to_json() for m in self.meter]
+        out.update(self.extra)
+        return out
+
+
+KNOWN_FIELDS = {"id", "group", "reward", "success", "policy", "messages", "step_tokens", "steps", "meter"}
+
+
+def assistant_indices(messages: list[dict]) -> list[int]:
+    """Positions of the assistant messages: the actions of the trajectory."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+
+
+def _plain_number(value: float | None) -> float | int | None:
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+def _require(record: dict, name: str) -> Any:
+    if name not in record:
+        raise InputError("missing required field", field=name)
+    return record[name]
+
+
+def _as_id(value: Any, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(f"must be a string or an integer, got {type(value).__name__}", field=name)
+    return str(value)
+
+
+def _as_finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"must be a number, got {type(value).__name__}", field=name)
+    if not math.isfinite(value):
+        raise InputError(f"must be finite, got {value!r}", field=name)
+    return float(value)
+
+
+def _as_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"must be true or false, got {value!r}", field=name)
+    return value
+
+
+def _as_count(value: Any, name: str) -> int:
+    """A token count: a non-negative integer (``3.0`` is accepted as 3, ``2.5`` and ``-1`` are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"must be a non-negative integer, got {value!r}", field=name)
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise InputError(f"must be a non-negative integer, got {value!r}", field=name)
+    if value < 0:
+        raise InputError(f"must be a non-negative integer, got {value!r}", field=name)
+    return int(value)
+
+
+def parse_messages(value: Any) -> list[dict]:
+    if not isinstance(value, list):
+        raise InputError(f"must be a list of chat messages, got {type(value).__name__}", field="messages")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise InputError("must be an object", field=f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise InputError(f"role must be one of {', '.join(ROLES)}, got {role!r}", field=f"messages[{i}].role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InputError("must be a string, a list of parts or null", field=f"messages[{i}].content")
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise InputError("must be a list", field=f"messages[{i}].tool_calls")
+    return value
+
+
+def parse_meter_output(value: Any, name: str) -> MeterOutput | None:
+    """One ``meter`` entry: ``null`` (invalid reading) or an object with any of the four readings."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"must be an object or null, got {type(value).__name__}", field=name)
+    unknown = set(value) - {"can_complete", "tokens_to_go", "logit", "score"}
+    if unknown:
+        raise InputError(f"unknown keys {sorted(unknown)}", field=name)
+    can_complete = tokens_to_go = None
+    if "can_complete" in value:
+        can_complete = _as_bool(value["can_complete"], f"{name}.can_complete")
+        raw = value.get("tokens_to_go")
+        if can_complete:
+            if raw is None:
+                raise InputError("must be a number when can_complete is true", field=f"{name}.tokens_to_go")
+            tokens_to_go = _as_finite(raw, f"{name}.tokens_to_go")
+            if tokens_to_go < 0:
+                raise InputError(f"must be non-negative, got {raw!r}", field=f"{name}.tokens_to_go")
+    elif "tokens_to_go" in value:
+        raise InputError("tokens_to_go without can_complete", field=name)
+    logit = _as_finite(value["logit"], f"{name}.logit") if "logit" in value else None
+    score = _as_finite(value["score"], f"{name}.score") if "score" in value else None
+    if can_complete is None and logit is None and score is None:
+        raise InputError("an empty reading (use null for an invalid one)", field=name)
+    return MeterOutput(can_complete, tokens_to_go, logit, score)
+
+
+def parse_step(value: Any, name: str) -> Step:
+    if not isinstance(value, dict):
+        raise InputError("must be an object", field=name)
+    token_ids = value.get("token_ids")
+    if token_ids is not None:
+        if not isinstance(token_ids, list):
+            raise InputError("must be a list", field=f"{name}.token_ids")
+        token_ids = [_as_count(t, f"{name}.token_ids[{k}]") for k, t in enumerate(token_ids)]
+    logprobs = value.get("logprobs")
+    if logprobs is not None:
+        if not isinstance(logprobs, list):
+            raise InputError("must be a list", field=f"{name}.logprobs")
+        logprobs = [_as_finite(x, f"{name}.logprobs[{k}]") for k, x in enumerate(logprobs)]
+        if token_ids is not None and len(logprobs) != len(token_ids):
+            raise InputError(f"has {len(logprobs)} entries for {len(token_ids)} token_ids", field=f"{name}.logprobs")
+    observation = value.get("observation")
+    if observation is not None and not isinstance(observation, str):
+        raise InputError("must be a string", field=f"{name}.observation")
+    reward = _as_finite(value.get("reward", 0.0), f"{name}.reward")
+    return Step(observation=observation, token_ids=token_ids, logprobs=logprobs, reward=reward)
+
+
+def parse_trajectory(record: dict) -> Trajectory:
+    """Validate one JSON record into a ``Trajectory``; any problem raises ``InputError`` naming the field."""
+    traj = Trajectory(
+        id=_as_id(_require(record, "id"), "id"),
+        group=_as_id(_require(record, "group"), "group"),
+        reward=_as_finite(_require(record, "reward"), "reward"),
+        success=_as_bool(_require(record, "success"), "success"),
+        extra={k: v for k, v in record.items() if k not in KNOWN_FIELDS},
+    )
+    if record.get("policy") is not None:
+        traj.policy = _as_id(record["policy"], "policy")
+    if "messages" in record:
+        traj.messages = parse_messages(record["messages"])
+    if record.get("step_tokens") is not None:
+        raw = record["step_tokens"]
+        if not isinstance(raw, list):
+            raise InputError(f"must be a list of token counts, got {type(raw).__name__}", field="step_tokens")
+        traj.step_tokens = [_as_count(n, f"step_tokens[{t}]") for t, n in enumerate(raw)]
+    if record.get("steps") is not None:
+        if not isinstance(record["steps"], list):
+            raise InputError("must be a list", field="steps")
+        traj.steps = [parse_step(s, f"steps[{t}]") for t, s in enumerate(record["steps"])]
+    if traj.messages is None and traj.step_tokens is None and traj.steps is None:
+        raise InputError("a trajectory needs messages or step_tokens", field="messages")
+    _check_step_counts(traj)
+    if record.get("meter") is not None:
+        raw = record["meter"]
+        if not isinstance(raw, list):
+            raise InputError("must be a list with one entry per step", field="meter")
+        if len(raw) != traj.num_steps:
+            raise InputError(f"has {len(raw)} entries but the trajectory has {traj.num_steps} steps", field="meter")
+        traj.meter = [parse_meter_output(m, f"meter[{t}]") for t, m in enumerate(raw)]
+    return traj
+
+
+def _check_step_counts(traj: Trajectory) -> None:
+    counts = {}
+    if traj.messages is not None:
+        counts["messages"] = len(assistant_indices(traj.messages))
+    if traj.step_tokens is not None:
+        counts["step_tokens"] = len(traj.step_tokens)
+    if traj.steps is not None:
+        counts["steps"] = len(traj.steps)
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{k}: {v}" for k, v in counts.items())
+        raise InputError(f"step counts disagree ({detail})", field="step_tokens" if "step_tokens" in counts else "steps")

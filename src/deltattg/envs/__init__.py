@@ -1,0 +1,1 @@
+"""Environments behind one protocol (``deltattg.envs.base``): built-in household, ALFWorld, BFCL multi-turn."""

@@ -1,0 +1,71 @@
+"""The environment protocol every rollout, collector, trainer and guidance loop talks to.
+
+    task = env.tasks("train")[0]
+    observation = env.reset(task)
+    result = env.step("go to countertop 1")   # -> StepResult(observation, reward, done, info)
+
+``info`` carries ``won`` (bool) and, where the environment has them, ``admissible`` (list of valid actions).
+Environments are deterministic given a task and seed. Branching for test-time guidance (E.5): ``snapshot()`` /
+``restore()`` where cheap, else ``replay`` re-runs the actions so far on a fresh instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance: ``id`` is stable across runs (it is the trajectory's ``group``)."""
+
+    id: str
+    split: str = "train"
+    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def won(self) -> bool:
+        return bool(self.info.get("won", False))
+
+
+@runtime_checkable
+class Environment(Protocol):
+    name: str
+    system_prompt: str  # how to act: the action format the environment parses
+    max_steps: int
+
+    def tasks(self, split: str) -> Sequence[Task]: ...
+
+    def reset(self, task: Task) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def admissible_actions(self) -> list[str] | None: ...
+
+
+@runtime_checkable
+class Branchable(Protocol):
+    """Environments whose state can be copied cheaply."""
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+
+def replay(make_env: Callable[[], Environment], task: Task, actions: Sequence[str]) -> tuple[Environment, StepResult | None]:
+    """A fresh environment at the state reached by ``actions`` from ``task``'s start (E.5 replays), and the last result."""
+    env = make_env()
+    env.reset(task)
+    last = None
+    for action in actions:
+        last = env.step(action)
+    return env, last

