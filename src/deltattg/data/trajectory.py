@@ -53,9 +53,10 @@ class MeterOutput:
 class Step:
     """Rollout detail of one action: what the loss and the observation-grouping estimators need."""
 
-    observation: str | None = None
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    observation: str | None = None  # the observation the action was taken in (the state GiGPO-style methods group by)
+    token_ids: list[int] | None = None  # the assistant tokens the actor generated
+    logprobs: list[float] | None = None  # their log-probabilities under the sampling policy
+    prompt_ids: list[int] | None = None  # the exact prompt the actor saw, to recompute log-probs in the update
     reward: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -207,14 +208,21 @@ def parse_meter_output(value: Any, name: str) -> MeterOutput | None:
     return MeterOutput(can_complete, tokens_to_go, logit, score)
 
 
+def _optional_ids(step: dict, key: str, name: str) -> list[int] | None:
+    """A step's optional list of token ids, validated."""
+    value = step.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InputError("must be a list", field=f"{name}.{key}")
+    return [_as_count(t, f"{name}.{key}[{k}]") for k, t in enumerate(value)]
+
+
 def parse_step(value: Any, name: str) -> Step:
     if not isinstance(value, dict):
         raise InputError("must be an object", field=name)
-    token_ids = value.get("token_ids")
-    if token_ids is not None:
-        if not isinstance(token_ids, list):
-            raise InputError("must be a list", field=f"{name}.token_ids")
-        token_ids = [_as_count(t, f"{name}.token_ids[{k}]") for k, t in enumerate(token_ids)]
+    token_ids = _optional_ids(value, "token_ids", name)
+    prompt_ids = _optional_ids(value, "prompt_ids", name)
     logprobs = value.get("logprobs")
     if logprobs is not None:
         if not isinstance(logprobs, list):
@@ -226,7 +234,7 @@ def parse_step(value: Any, name: str) -> Step:
     if observation is not None and not isinstance(observation, str):
         raise InputError("must be a string", field=f"{name}.observation")
     reward = _as_finite(value.get("reward", 0.0), f"{name}.reward")
-    return Step(observation=observation, token_ids=token_ids, logprobs=logprobs, reward=reward)
+    return Step(observation=observation, token_ids=token_ids, logprobs=logprobs, prompt_ids=prompt_ids, reward=reward)
 
 
 def parse_trajectory(record: dict) -> Trajectory:

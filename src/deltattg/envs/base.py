@@ -61,6 +61,13 @@ class Branchable(Protocol):
     def restore(self, state: Any) -> None: ...
 
 
+@runtime_checkable
+class HasExpert(Protocol):
+    """Environments that know a good next action from the current state (planner, walkthrough, ground truth)."""
+
+    def expert_action(self) -> str | None: ...
+
+
 def replay(make_env: Callable[[], Environment], task: Task, actions: Sequence[str]) -> tuple[Environment, StepResult | None]:
     """A fresh environment at the state reached by ``actions`` from ``task``'s start (E.5 replays), and the last result."""
     env = make_env()

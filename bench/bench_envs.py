@@ -1,0 +1,105 @@
+"""Environment steps per second: one function per environment; ``main`` runs those whose extras are installed.
+
+    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household]
+
+Each function plays episodes with simple policies and returns one ``Row`` per policy. Step times cover ``step`` calls
+and the policy's own choice (the planner's, for the expert); resets are timed apart. Wall-clock and CPU time are both
+reported: on a shared machine the CPU time is the steadier of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    env: str
+    policy: str
+    episodes: int
+    steps: int
+    seconds: float  # wall-clock, in steps and the policy's choices
+    cpu_seconds: float  # the same, in CPU time of this process
+    reset_seconds: float  # wall-clock
+
+    def cells(self) -> list[str]:
+        return [
+            self.env,
+            self.policy,
+            str(self.episodes),
+            str(self.steps),
+            f"{self.steps / self.seconds:,.0f}",
+            f"{1e6 * self.seconds / self.steps:.1f}",
+            f"{1e6 * self.cpu_seconds / self.steps:.1f}",
+            f"{1e6 * self.reset_seconds / self.episodes:.1f}",
+        ]
+
+
+HEADER = ["env", "policy", "episodes", "steps", "steps/s", "µs/step", "cpu µs/step", "µs/reset"]
+
+
+def _play(env, tasks: Sequence, choose: Callable[[], str], name: str, policy: str) -> Row:
+    """Play one episode per task with ``choose`` picking each action."""
+    steps, seconds, cpu_seconds, reset_seconds = 0, 0.0, 0.0, 0.0
+    for task in tasks:
+        start = time.perf_counter()
+        env.reset(task)
+        reset_seconds += time.perf_counter() - start
+        done = False
+        start, cpu_start = time.perf_counter(), time.process_time()
+        while not done:
+            done = env.step(choose()).done
+            steps += 1
+        seconds += time.perf_counter() - start
+        cpu_seconds += time.process_time() - cpu_start
+    return Row(name, policy, len(tasks), steps, seconds, cpu_seconds, reset_seconds)
+
+
+def bench_household(episodes: int = 300, seed: int = 0) -> list[Row]:
+    """The built-in household environment (default config, train split): a random admissible policy, and the
+    optimal planner re-planning at every step (the expert the noisy policies build on)."""
+    from deltattg.envs.household import HouseholdConfig, HouseholdEnv
+
+    env = HouseholdEnv(HouseholdConfig(n_train=episodes))
+    tasks = env.tasks("train")
+    rng = random.Random(seed)
+    return [
+        _play(env, tasks, lambda: rng.choice(env.admissible_actions()), "household", "random admissible"),
+        _play(env, tasks, env.expert_action, "household", "planner"),
+    ]
+
+
+# name -> (benchmark, modules its optional extra provides)
+BENCHMARKS: dict[str, tuple[Callable[..., list[Row]], tuple[str, ...]]] = {
+    "household": (bench_household, ()),
+}
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=300)
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)")
+    args = parser.parse_args(argv)
+    rows = [HEADER]
+    for name in args.only or BENCHMARKS:
+        bench, modules = BENCHMARKS[name]
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            print(f"skipping {name}: {', '.join(missing)} not installed")
+            continue
+        rows += [row.cells() for row in bench(episodes=args.episodes)]
+    print(_table(rows))
+
+
+if __name__ == "__main__":
+    main()
