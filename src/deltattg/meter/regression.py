@@ -1,0 +1,273 @@
+"""The regression progress meter (E.6 style): any HF causal-LM backbone plus a small head that predicts, at every
+decision boundary, the completion logit and log1p(Token-to-Go).
+
+Speed lever: a trajectory is serialized as blocks — block 0 is the task (every message before the first action),
+block t ≥ 1 is action t−1 with the observations after it — each ending with the fixed marker :data:`BOUNDARY` and
+tokenized separately, so the tokens of decision prefix h_t are exactly the first t+1 blocks. Under causal attention
+the hidden state at the last token of block t depends on h_t only, so ONE forward pass over the trajectory reads all
+T+1 decision states (the terminal one included), and equals scoring each prefix on its own.
+
+Trajectories longer than ``max_length`` tokens are windowed: prefix t keeps the task block and the most recent blocks
+that fit (oldest turns dropped first); consecutive prefixes that keep the same oldest block share one pass. A block
+that alone cannot fit is clipped in its middle as a last resort. Each message is first capped at
+``max_message_chars`` characters (middle elided), as the generative meter's prompt does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from deltattg.data.trajectory import MeterOutput, assistant_indices
+from deltattg.meter.prompt import serialize_message, shorten
+
+HEADER = (
+    "Interaction history of an AI agent working on a task. At each '### next action' the progress meter estimates "
+    "whether the agent will complete the task and how many more tokens it will generate.\n\n"
+)
+BOUNDARY = "\n### next action"
+REGRESSION_FORMAT_VERSION = 1
+CONFIG_NAME = "meter_config.json"
+HEAD_NAME = "head.pt"
+
+
+@dataclass(frozen=True)
+class RegressionConfig:
+    backbone: str  # HF id/path or model spec of the backbone (see deltattg.hf)
+    max_length: int = 2048
+    max_message_chars: int = 2000
+    head_hidden: int = 256
+    max_batch_tokens: int = 8192
+    kind: str = "regression"
+    format_version: int = REGRESSION_FORMAT_VERSION
+
+
+def decision_blocks(messages: Sequence[dict], max_message_chars: int) -> list[str]:
+    """T+1 text blocks; the first t+1 of them serialize decision prefix h_t (t = 0..T, T = terminal)."""
+    cuts = [0, *assistant_indices(list(messages)), len(messages)]
+    blocks = []
+    for k in range(len(cuts) - 1):
+        text = "\n\n".join(shorten(serialize_message(m), max_message_chars) for m in messages[cuts[k] : cuts[k + 1]])
+        blocks.append((HEADER if k == 0 else "\n\n") + text + BOUNDARY)
+    return blocks
+
+
+def encode_blocks(blocks: Sequence[str], tokenizer: Any) -> list[list[int]]:
+    """Token ids of each block, tokenized separately (so block boundaries never merge); BOS before block 0."""
+    encoded = tokenizer(list(blocks), add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None:
+        encoded[0] = [tokenizer.bos_token_id, *encoded[0]]
+    return [list(ids) for ids in encoded]
+
+
+def clip_middle(ids: list[int], budget: int, keep_tail: int = 16) -> list[int]:
+    """``ids`` cut to ``budget`` tokens by removing the middle; the tail (with the boundary marker) is kept."""
+    if len(ids) <= budget:
+        return ids
+    tail = min(keep_tail, budget // 2)
+    return ids[: budget - tail] + ids[len(ids) - tail :]
+
+
+@dataclass
+class Window:
+    """One forward pass: token ids and, for each decision state read in it, its position and its step t."""
+
+    ids: list[int]
+    positions: list[int]
+    steps: list[int]
+
+
+def oldest_kept_block(lengths: Sequence[int], t: int, max_length: int) -> int:
+    """s(t): the smallest s ≥ 1 such that block 0 plus blocks s..t fit in ``max_length`` (t+1 when none does)."""
+    total = lengths[0] + sum(lengths[1 : t + 1])
+    s = 1
+    while s <= t and total > max_length:
+        total -= lengths[s]
+        s += 1
+    return s
+
+
+def plan_windows(block_ids: Sequence[list[int]], max_length: int, steps: Sequence[int] | None = None) -> list[Window]:
+    """The forward passes that read decision states ``steps`` (default: all t = 0..T) of one serialized trajectory.
+
+    Prefix t is read on block 0 + blocks s(t)..t; consecutive prefixes with the same s(t) share a window.
+    """
+    lengths = [len(b) for b in block_ids]
+    windows: list[Window] = []
+    window: Window | None = None
+    window_start = 0
+    for t in sorted(set(range(len(block_ids)) if steps is None else steps)):
+        start = min(oldest_kept_block(lengths, t, max_length), max(t, 1))  # block t itself is always kept
+        if lengths[0] + sum(lengths[start : t + 1]) > max_length:  # block 0 (+ block t) alone overflow: clip
+            head = clip_middle(block_ids[0], max_length if t == 0 else max_length // 2)
+            ids = head if t == 0 else head + clip_middle(block_ids[t], max_length - len(head))
+            windows.append(Window(ids, [len(ids) - 1], [t]))
+            window = None
+            continue
+        if window is None or start != window_start:
+            window, window_start = Window(list(block_ids[0]), [], []), start
+            windows.append(window)
+            first_new = start
+        else:
+            first_new = window.steps[-1] + 1
+        window.ids += [i for block in block_ids[max(first_new, 1) : t + 1] for i in block]
+        window.positions.append(len(window.ids) - 1)
+        window.steps.append(t)
+    return windows
+
+
+class ProgressHead(nn.Module):
+    """Hidden state -> (completion logit, log1p Token-to-Go)."""
+
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, width), nn.GELU(), nn.Linear(width, 2))
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.net(features)
+
+
+def readings_from_head(outputs: Tensor) -> list[MeterOutput]:
+    """b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 (only when b̂), and the logit itself (E.4 +logit)."""
+    out = []
+    for logit, log_ttg in outputs.detach().float().cpu().tolist():
+        can = logit > 0
+        ttg = float(max(round(math.expm1(min(log_ttg, 40.0))), 0)) if can else None
+        out.append(MeterOutput(can_complete=can, tokens_to_go=ttg, logit=logit))
+    return out
+
+
+def progress_loss(outputs: Tensor, can_complete: Tensor, tokens_to_go: Tensor, regression_weight: float = 1.0) -> Tensor:
+    """BCE on the completion logit + smooth-L1 on log1p(TTG) over completable states (E.6 style)."""
+    bce = nn.functional.binary_cross_entropy_with_logits(outputs[:, 0], can_complete.float())
+    if not can_complete.any():
+        return bce
+    target = torch.log1p(tokens_to_go[can_complete].float())
+    return bce + regression_weight * nn.functional.smooth_l1_loss(outputs[can_complete, 1], target)
+
+
+class RegressionMeter(nn.Module):
+    """Backbone (HF ``AutoModel``) + :class:`ProgressHead`; implements the ``Meter`` protocol."""
+
+    def __init__(self, backbone: nn.Module, tokenizer: Any, config: RegressionConfig, head: ProgressHead | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.config = config
+        self.head = head or ProgressHead(backbone.config.hidden_size, config.head_hidden)
+        self._id: str | None = None
+
+    # ---- loading and saving ------------------------------------------------------------------------------------
+    @classmethod
+    def from_backbone(cls, spec: str, **config: Any) -> "RegressionMeter":
+        from transformers import AutoModel
+
+        from deltattg.hf import load_tokenizer, resolve_pretrained
+
+        path, kwargs = resolve_pretrained(spec)
+        return cls(AutoModel.from_pretrained(path, **kwargs), load_tokenizer(spec), RegressionConfig(backbone=spec, **config))
+
+    def save_pretrained(self, directory: str | Path, *, include_backbone: bool = True) -> None:
+        """HF-style folder: ``meter_config.json``, ``head.pt`` and (unless the backbone was frozen and is loadable
+        from its spec) the backbone and tokenizer via ``save_pretrained``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = asdict(self.config)
+        if include_backbone:
+            self.backbone.save_pretrained(directory / "backbone")
+            self.tokenizer.save_pretrained(directory / "backbone")
+            config["backbone"] = "backbone"
+        torch.save(self.head.state_dict(), directory / HEAD_NAME)
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "RegressionMeter":
+        directory = Path(directory)
+        config = RegressionConfig(**json.loads((directory / CONFIG_NAME).read_text()))
+        spec = str(directory / config.backbone) if (directory / config.backbone).is_dir() else config.backbone
+        meter = cls.from_backbone(spec, **{k: v for k, v in asdict(config).items() if k not in ("backbone",)})
+        meter.config = config
+        meter.head.load_state_dict(torch.load(directory / HEAD_NAME, map_location="cpu"))
+        meter._id = f"regression-{_digest(directory)}"
+        return meter.eval()
+
+    @property
+    def meter_id(self) -> str:
+        if self._id is None:
+            self._id = f"regression-{_digest_weights(self)}"
+        return self._id
+
+    # ---- reading decision states -------------------------------------------------------------------------------
+    def windows(self, messages: Sequence[dict], steps: Sequence[int] | None = None) -> list[Window]:
+        blocks = encode_blocks(decision_blocks(messages, self.config.max_message_chars), self.tokenizer)
+        return plan_windows(blocks, self.config.max_length, steps)
+
+    def boundary_features(self, windows: Sequence[Window]) -> Tensor:
+        """Backbone hidden states at every read position of ``windows`` (in order), batched by token budget."""
+        device = next(self.backbone.parameters()).device
+        order = sorted(range(len(windows)), key=lambda k: len(windows[k].ids))
+        pieces: dict[int, Tensor] = {}
+        for batch in _token_batches(order, windows, self.config.max_batch_tokens):
+            width = max(len(windows[k].ids) for k in batch)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ids = torch.tensor([windows[k].ids + [pad] * (width - len(windows[k].ids)) for k in batch], device=device)
+            mask = torch.tensor([[1] * len(windows[k].ids) + [0] * (width - len(windows[k].ids)) for k in batch], device=device)
+            hidden = self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+            for row, k in enumerate(batch):
+                pieces[k] = hidden[row, windows[k].positions]
+        return torch.cat([pieces[k] for k in range(len(windows))]) if windows else torch.empty(0)
+
+    @torch.no_grad()
+    def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput]]:
+        """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window."""
+        plans = [self.windows(messages) for messages in trajectories]
+        flat = [w for plan in plans for w in plan]
+        readings = readings_from_head(self.head(self.boundary_features(flat))) if flat else []
+        out, k = [], 0
+        for plan in plans:
+            n = sum(len(w.steps) for w in plan)
+            out.append(readings[k : k + n])
+            k += n
+        return out
+
+    @torch.no_grad()
+    def score(self, histories: Sequence[list[dict]]) -> list[MeterOutput | None]:
+        """The ``Meter`` protocol: the reading of each history's own (last) decision state."""
+        windows = [self.windows(h, steps=[len(assistant_indices(h))])[0] for h in histories]
+        return list(readings_from_head(self.head(self.boundary_features(windows)))) if windows else []
+
+
+def _token_batches(order: Sequence[int], windows: Sequence[Window], budget: int) -> Iterator[list[int]]:
+    """Consecutive runs of ``order`` whose padded size (rows × longest) stays within ``budget`` tokens."""
+    batch: list[int] = []
+    for k in order:
+        longest = max([len(windows[j].ids) for j in batch] + [len(windows[k].ids)])
+        if batch and longest * (len(batch) + 1) > budget:
+            yield batch
+            batch = []
+        batch.append(k)
+    if batch:
+        yield batch
+
+
+def _digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for name in (CONFIG_NAME, HEAD_NAME):
+        h.update((directory / name).read_bytes())
+    h.update(str(directory.resolve()).encode())
+    return h.hexdigest()[:16]
+
+
+def _digest_weights(meter: RegressionMeter) -> str:
+    h = hashlib.sha256(json.dumps(asdict(meter.config), sort_keys=True).encode())
+    for tensor in meter.head.state_dict().values():
+        h.update(tensor.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

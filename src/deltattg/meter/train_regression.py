@@ -1,0 +1,235 @@
+"""Training the regression meter on recorded trajectories (labels of Eq. 1–2 at every decision boundary).
+
+Two regimes:
+  * ``freeze_backbone=True`` (the CPU default): the backbone reads every training trajectory ONCE (one pass per
+    window, all boundaries at once), the features are cached in ``output_dir/features.pt``, and only the head is
+    trained, for many epochs, in seconds;
+  * ``freeze_backbone=False``: backbone and head train together (E.6: lr 1e-5 backbone / 1e-4 head, cosine schedule,
+    5% warm-up, effective batch 32), resumable from ``output_dir/checkpoint-N``.
+Loss: BCE on the completion logit + smooth-L1 on log1p(TTG) over completable states (:func:`progress_loss`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from deltattg.data.labels import remaining_sums
+from deltattg.meter.regression import RegressionMeter, Window, progress_loss
+
+
+@dataclass(frozen=True)
+class Example:
+    """A decision-state reading to learn: its window, the index of the read within it, and the labels (Eq. 2)."""
+
+    window: int
+    read: int
+    can_complete: bool
+    tokens_to_go: float
+
+
+@dataclass(frozen=True)
+class RegressionTrainConfig:
+    output_dir: str
+    freeze_backbone: bool = True
+    epochs: int = 1
+    head_epochs: int = 40
+    batch_size: int = 32
+    lr_backbone: float = 1e-5
+    lr_head: float = 1e-4
+    lr_head_frozen: float = 1e-3
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.01
+    regression_weight: float = 1.0
+    save_every: int = 200
+    seed: int = 0
+    progress: bool = True
+
+
+def trajectory_examples(
+    meter: RegressionMeter, messages: Sequence[dict], success: bool, step_tokens: Sequence[int], first_window: int
+) -> tuple[list[Window], list[Example]]:
+    """Windows of one trajectory and an example per decision state t = 0..T: b = success, v = TTG_t (0 at T)."""
+    windows = meter.windows(messages)
+    ttg = remaining_sums(step_tokens)
+    examples = [
+        Example(first_window + w, r, success, float(ttg[t]) if success else 0.0)
+        for w, window in enumerate(windows)
+        for r, t in enumerate(window.steps)
+    ]
+    return windows, examples
+
+
+def prefix_example(meter: RegressionMeter, messages: Sequence[dict], can_complete: bool, tokens_to_go: float | None, index: int):
+    """A labelled prefix (a ``deltattg labels`` record): read at its own last decision state."""
+    from deltattg.data.trajectory import assistant_indices
+
+    window = meter.windows(messages, steps=[len(assistant_indices(list(messages)))])[0]
+    return window, Example(index, 0, can_complete, float(tokens_to_go or 0.0))
+
+
+def _targets(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.tensor([e.can_complete for e in examples]),
+        torch.tensor([e.tokens_to_go for e in examples]),
+    )
+
+
+def _cosine_warmup(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / max(warmup, 1)
+    progress = (step - warmup) / max(total - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Path, progress: bool) -> torch.Tensor:
+    """Frozen-backbone features of every read position, computed once and cached at ``path`` (keyed by content)."""
+    key = hashlib.sha256(json.dumps([[w.ids, w.positions] for w in windows]).encode()).hexdigest()
+    key += meter.config.backbone
+    if path.exists():
+        saved = torch.load(path, map_location="cpu")
+        if saved.get("key") == key:
+            return saved["features"]
+    chunks = []
+    step = 16
+    meter.backbone.eval()
+    with torch.no_grad():
+        for start in tqdm(range(0, len(windows), step), desc="backbone features", unit="chunk", disable=not progress):
+            chunks.append(meter.boundary_features(windows[start : start + step]).cpu())
+    features = torch.cat(chunks) if chunks else torch.empty(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"key": key, "features": features}, path)
+    return features
+
+
+def _row_of(windows: Sequence[Window], examples: Sequence[Example]) -> list[int]:
+    """Index of each example's read position in the flattened feature matrix."""
+    offsets = [0]
+    for window in windows:
+        offsets.append(offsets[-1] + len(window.positions))
+    return [offsets[e.window] + e.read for e in examples]
+
+
+def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examples: Sequence[Example], rows: Sequence[int], config: RegressionTrainConfig) -> list[float]:
+    """Train only the head on cached features; returns the loss of each epoch."""
+    can, ttg = _targets(examples)
+    x = features[list(rows)]
+    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(meter.head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
+    total = config.head_epochs * math.ceil(len(examples) / config.batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine_warmup(s, total, int(config.warmup_ratio * total)))
+    meter.head.train()
+    losses = []
+    for _ in tqdm(range(config.head_epochs), desc="head epochs", disable=not config.progress):
+        order = torch.randperm(len(examples), generator=generator)
+        epoch_loss = 0.0
+        for start in range(0, len(order), config.batch_size):
+            batch = order[start : start + config.batch_size]
+            loss = progress_loss(meter.head(x[batch]), can[batch], ttg[batch], config.regression_weight)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            epoch_loss += loss.item() * len(batch)
+        losses.append(epoch_loss / max(len(examples), 1))
+    meter.head.eval()
+    return losses
+
+
+def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples: Sequence[Example], config: RegressionTrainConfig) -> list[float]:
+    """Backbone + head together, windows in mini-batches; checkpoints every ``save_every`` steps and resumes."""
+    output = Path(config.output_dir)
+    example_at = {(e.window, e.read): e for e in examples}
+    window_ids = sorted({e.window for e in examples})
+    steps_per_epoch = math.ceil(len(window_ids) / config.batch_size)
+    total = config.epochs * steps_per_epoch
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": meter.backbone.parameters(), "lr": config.lr_backbone},
+            {"params": meter.head.parameters(), "lr": config.lr_head},
+        ],
+        weight_decay=config.weight_decay,
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine_warmup(s, total, int(config.warmup_ratio * total)))
+    step = _resume(meter, optimizer, schedule, output)
+    rng = random.Random(config.seed)
+    losses = []
+    meter.train()
+    bar = tqdm(total=total, initial=step, desc="meter training", disable=not config.progress)
+    for epoch in range(config.epochs):
+        order = window_ids[:]
+        rng.shuffle(order)
+        for k in range(steps_per_epoch):
+            global_step = epoch * steps_per_epoch + k
+            if global_step < step:
+                continue
+            batch = [windows[w] for w in order[k * config.batch_size : (k + 1) * config.batch_size]]
+            ids = order[k * config.batch_size : (k + 1) * config.batch_size]
+            # boundary_features returns the reads window by window, in order: the targets follow the same order.
+            targets = [example_at[(w, r)] for w, window in zip(ids, batch) for r in range(len(window.positions))]
+            can, ttg = _targets(targets)
+            loss = progress_loss(meter.head(meter.boundary_features(batch)), can, ttg, config.regression_weight)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(meter.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+            if (global_step + 1) % config.save_every == 0:
+                _checkpoint(meter, optimizer, schedule, output, global_step + 1)
+    bar.close()
+    meter.eval()
+    return losses
+
+
+def _checkpoint(meter, optimizer, schedule, output: Path, step: int) -> None:
+    folder = output / f"checkpoint-{step}"
+    meter.save_pretrained(folder)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                "rng": torch.get_rng_state()}, folder / "trainer_state.pt")
+
+
+def _resume(meter, optimizer, schedule, output: Path) -> int:
+    """Load the latest ``checkpoint-N`` of ``output`` if any; return the step to continue from."""
+    checkpoints = sorted(output.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not checkpoints:
+        return 0
+    latest = checkpoints[-1]
+    loaded = RegressionMeter.from_pretrained(latest)
+    meter.backbone.load_state_dict(loaded.backbone.state_dict())
+    meter.head.load_state_dict(loaded.head.state_dict())
+    state = torch.load(latest / "trainer_state.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    torch.set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def train_regression_meter(
+    meter: RegressionMeter, windows: Sequence[Window], examples: Sequence[Example], config: RegressionTrainConfig
+) -> dict:
+    """Train ``meter`` in place and save it to ``config.output_dir``; returns a small training report."""
+    torch.manual_seed(config.seed)
+    output = Path(config.output_dir)
+    if config.freeze_backbone:
+        for p in meter.backbone.parameters():
+            p.requires_grad_(False)
+        features = cached_features(meter, windows, output / "features.pt", config.progress)
+        losses = train_head_on_features(meter, features, examples, _row_of(windows, examples), config)
+    else:
+        losses = train_end_to_end(meter, windows, examples, config)
+    meter.save_pretrained(output, include_backbone=not config.freeze_backbone)
+    report = {"examples": len(examples), "windows": len(windows), "final_loss": losses[-1] if losses else None,
+              "losses": losses, "config": asdict(config)}
+    (output / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report

@@ -1,0 +1,117 @@
+"""The rollout engine: batched multi-turn episodes of any policy in any environment, recorded as trajectories.
+
+Each turn, every unfinished episode asks the policy for an action in ONE batched call (an LM policy generates for
+all of them at once), then each environment steps. Every step records the observation it acted on, the prompt ids,
+the assistant token ids and their log-probs under the sampling policy (LM policies), and the reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tqdm import tqdm
+
+from deltattg.data.trajectory import Step, Trajectory
+from deltattg.envs.base import Environment, Task
+
+
+@dataclass
+class Action:
+    text: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    prompt_ids: list[int] | None = None
+
+
+@dataclass
+class Episode:
+    """One running episode: its environment, what happened so far and the chat transcript."""
+
+    env: Environment
+    task: Task
+    index: int  # position within its task's group
+    messages: list[dict]
+    first_observation: str
+    observation: str
+    admissible: list[str] | None
+    history: list[tuple[str, str]] = field(default_factory=list)  # (action, observation after it)
+    steps: list[Step] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    won: bool = False
+
+
+class Policy(Protocol):
+    name: str
+
+    def act(self, episodes: Sequence[Episode]) -> list[Action]: ...
+
+
+def start_episode(env: Environment, task: Task, index: int) -> Episode:
+    observation = env.reset(task)
+    messages = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": observation}]
+    return Episode(env, task, index, messages, observation, observation, env.admissible_actions())
+
+
+def advance(episode: Episode, action: Action) -> None:
+    """Execute ``action`` in the episode's environment and record the step."""
+    result = episode.env.step(action.text)
+    episode.steps.append(
+        Step(
+            observation=episode.observation,
+            token_ids=action.token_ids,
+            logprobs=action.logprobs,
+            prompt_ids=action.prompt_ids,
+            reward=result.reward,
+        )
+    )
+    episode.messages += [{"role": "assistant", "content": action.text}, {"role": "user", "content": result.observation}]
+    episode.history.append((action.text, result.observation))
+    episode.observation = result.observation
+    episode.admissible = result.info.get("admissible")
+    episode.reward += result.reward
+    episode.won = result.won
+    episode.done = result.done
+
+
+def to_trajectory(episode: Episode, policy: str, run: str) -> Trajectory:
+    recorded = all(step.token_ids is not None for step in episode.steps)
+    return Trajectory(
+        id=f"{run}{episode.task.id}#{episode.index}",
+        group=episode.task.id,
+        reward=episode.reward,
+        success=episode.won,
+        messages=episode.messages,
+        step_tokens=[len(step.token_ids) for step in episode.steps] if recorded else None,  # type: ignore[arg-type]
+        policy=policy,
+        steps=episode.steps,
+        extra={"task_split": episode.task.split},
+    )
+
+
+def run_episodes(
+    make_env: Callable[[], Environment],
+    tasks: Sequence[Task],
+    policy: Policy,
+    *,
+    group_size: int = 1,
+    max_turns: int | None = None,
+    run: str = "",
+    progress: bool = False,
+) -> list[Trajectory]:
+    """``group_size`` episodes of every task with ``policy``; stops each at done or after ``max_turns`` actions
+    (default: the environment's ``max_steps``). Returns trajectories grouped by task, in task order."""
+    episodes = [start_episode(make_env(), task, k) for task in tasks for k in range(group_size)]
+    limit = max_turns if max_turns is not None else max(e.env.max_steps for e in episodes)
+    bar = tqdm(total=len(episodes), desc=f"rollout {policy.name}", unit="ep", disable=not progress)
+    for _ in range(limit):
+        active = [e for e in episodes if not e.done]
+        if not active:
+            break
+        for episode, action in zip(active, policy.act(active)):
+            advance(episode, action)
+            bar.update(int(episode.done))
+    bar.close()
+    return [to_trajectory(e, policy.name, run) for e in episodes]

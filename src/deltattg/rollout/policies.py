@@ -1,0 +1,153 @@
+"""Policies: an HF causal LM (batched sampling with log-probs), an ε-noisy expert and a random policy."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from deltattg.envs.base import HasExpert
+from deltattg.rollout.engine import Action, Episode
+from deltattg.rollout.prompts import PromptConfig, chat_prompt, window_prompt
+
+
+class RandomPolicy:
+    """A uniformly random admissible action (or ``look`` where the environment lists none)."""
+
+    def __init__(self, seed: int = 0, name: str = "random"):
+        self.name = name
+        self.rng = random.Random(seed)
+
+    def act(self, episodes: Sequence[Episode]) -> list[Action]:
+        return [Action(self.rng.choice(e.admissible) if e.admissible else "look") for e in episodes]
+
+
+class NoisyExpertPolicy:
+    """The environment's expert action; with probability ε a random admissible action instead (paper D.1's
+    "diverse policies": experts of several noise levels plus weaker models)."""
+
+    def __init__(self, epsilon: float, seed: int = 0, name: str | None = None):
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+        self.epsilon = epsilon
+        self.name = name or f"expert-eps{epsilon:g}"
+        self.rng = random.Random(seed)
+
+    def _one(self, episode: Episode) -> Action:
+        if not isinstance(episode.env, HasExpert):
+            raise TypeError(f"environment {episode.env.name!r} has no expert")
+        expert = episode.env.expert_action()
+        if expert is None or (episode.admissible and self.rng.random() < self.epsilon):
+            return Action(self.rng.choice(episode.admissible) if episode.admissible else "look")
+        return Action(expert)
+
+    def act(self, episodes: Sequence[Episode]) -> list[Action]:
+        return [self._one(e) for e in episodes]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Actor decoding (Table 4: temperature 1.0, top-p 1.0; max tokens per turn per preset). ``temperature=0``: greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    batch_size: int = 64
+    max_prompt_tokens: int | None = None
+
+
+class LMPolicy:
+    """An HF causal LM acting through its chat template; records token ids and log-probs of what it sampled.
+
+    Log-probs are log softmax(logits / T) at the sampled tokens (T = 1 when greedy), i.e. the sampling distribution
+    before top-p truncation — what a fresh forward pass of the same model recomputes for the PPO ratio.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        sampling: SamplingConfig = SamplingConfig(),
+        prompt: PromptConfig = PromptConfig(),
+        name: str = "lm",
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.prompt = prompt
+        self.name = name
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    def prompt_messages(self, episode: Episode) -> list[dict]:
+        if self.prompt.layout == "chat":
+            return chat_prompt(episode.messages, episode.admissible, self.prompt)
+        return window_prompt(
+            episode.env.system_prompt,
+            episode.first_observation,
+            episode.history,
+            episode.observation,
+            episode.admissible,
+            self.prompt,
+        )
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        limit = self.sampling.max_prompt_tokens
+        return ids[-limit:] if limit else ids
+
+    def act(self, episodes: Sequence[Episode]) -> list[Action]:
+        prompts = [self.encode(self.prompt_messages(e)) for e in episodes]
+        size = self.sampling.batch_size
+        actions: list[Action] = []
+        for start in range(0, len(prompts), size):
+            actions += self.generate(prompts[start : start + size])
+        return actions
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]]) -> list[Action]:
+        """Sample one response per prompt (left-padded batch); cut each at its first end-of-turn token (kept)."""
+        s = self.sampling
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        width = max(len(p) for p in prompts)
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        greedy = s.temperature <= 0
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            do_sample=not greedy,
+            temperature=None if greedy else s.temperature,
+            top_p=None if greedy else s.top_p,
+            top_k=None,
+            max_new_tokens=s.max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=self.eos_ids,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        generated = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float() / (1.0 if greedy else s.temperature)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, generated[..., None])[..., 0]
+        actions = []
+        for row, prompt in enumerate(prompts):
+            ids = generated[row].tolist()
+            length = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
+            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
+            actions.append(Action(text, ids[:length], logprobs[row, :length].tolist(), list(prompt)))
+        return actions
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """End-of-turn ids: the generation config's eos ids and the tokenizer's eos."""
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the model has no end-of-sequence token id")
+    return ids

@@ -1,0 +1,117 @@
+"""The regression meter: one pass equals prefix-by-prefix scoring; a tiny model learns Token-to-Go."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaModel
+
+from conftest import make_tiny_tokenizer
+from deltattg.data.labels import remaining_sums
+from deltattg.meter.regression import RegressionConfig, RegressionMeter, decision_blocks, plan_windows
+from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
+
+WORDS = "system user assistant tool goal go to take put the mug cup done next action interaction history of an agent".split()
+
+
+def tiny_meter(max_length: int = 512, seed: int = 0) -> RegressionMeter:
+    torch.manual_seed(seed)
+    tokenizer = make_tiny_tokenizer(WORDS)
+    backbone = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024))
+    config = RegressionConfig(backbone="tiny", max_length=max_length, head_hidden=32)
+    return RegressionMeter(backbone, tokenizer, config).eval()
+
+
+def episode(goal: int, actions: int, rng: random.Random) -> list[dict]:
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"goal {goal}"}]
+    for _ in range(actions):
+        messages += [{"role": "assistant", "content": rng.choice(["go to the mug", "take the cup", "go"])},
+                     {"role": "user", "content": "next"}]
+    return messages
+
+
+def prefixes(messages):
+    cut = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return [messages[:i] for i in cut] + [messages]
+
+
+@pytest.mark.parametrize("max_length", [512, 40])
+def test_one_pass_equals_prefix_by_prefix(max_length):
+    meter = tiny_meter(max_length)
+    rng = random.Random(0)
+    trajectories = [episode(3, 5, rng), episode(2, 1, rng), episode(4, 0, rng)]
+    one_pass = meter.score_trajectories(trajectories)
+    for messages, readings in zip(trajectories, one_pass):
+        single = meter.score(prefixes(messages))
+        assert len(readings) == len(single) == sum(m["role"] == "assistant" for m in messages) + 1
+        assert [r.logit for r in readings] == pytest.approx([r.logit for r in single], abs=1e-4)
+    if max_length == 40:  # the long trajectory needed several windows, yet still agrees
+        assert len(meter.windows(trajectories[0])) > 1
+
+
+def test_one_pass_reads_each_token_once():
+    meter = tiny_meter(4096)
+    messages = episode(3, 8, random.Random(1))
+    windows = meter.windows(messages)
+    blocks = decision_blocks(messages, meter.config.max_message_chars)
+    own_length = len(meter.tokenizer("".join(blocks), add_special_tokens=False)["input_ids"])
+    assert len(windows) == 1 and len(windows[0].ids) <= 1.05 * own_length
+    assert windows[0].steps == list(range(9))
+
+
+def test_windows_keep_the_task_block():
+    blocks = [[0] * 5, [1] * 3, [2] * 3, [3] * 3]
+    windows = plan_windows(blocks, 11)
+    assert all(w.ids[:5] == [0] * 5 for w in windows)
+    assert [w.steps for w in windows] == [[0, 1, 2], [3]]
+    assert windows[1].ids == [0] * 5 + [2] * 3 + [3] * 3
+
+
+def synthetic_set(n: int, seed: int):
+    """TTG is determined by what the history shows: the goal says how many actions remain, each costs 4 tokens."""
+    rng = random.Random(seed)
+    data = []
+    for _ in range(n):
+        goal = rng.randint(1, 5)
+        data.append((episode(goal, goal, rng), [4] * goal))
+    return data
+
+
+def test_training_fits_token_to_go_better_than_the_mean(tmp_path):
+    meter = tiny_meter()
+    windows, examples = [], []
+    for messages, tokens in synthetic_set(60, seed=0):
+        w, e = trajectory_examples(meter, messages, True, tokens, len(windows))
+        windows += w
+        examples += e
+    config = RegressionTrainConfig(output_dir=str(tmp_path / "meter"), freeze_backbone=False, epochs=15, batch_size=8,
+                                   lr_backbone=3e-3, lr_head=3e-3, save_every=10_000, progress=False)
+    train_regression_meter(meter, windows, examples, config)
+    test = synthetic_set(20, seed=1)
+    predicted, truth = [], []
+    for (messages, tokens), readings in zip(test, meter.score_trajectories([m for m, _ in test])):
+        truth += remaining_sums(tokens)
+        predicted += [r.tokens_to_go if r.can_complete else 0.0 for r in readings]
+    truth_t = torch.log1p(torch.tensor(truth, dtype=torch.float))
+    error = (torch.log1p(torch.tensor(predicted, dtype=torch.float)) - truth_t).abs().mean()
+    baseline = (truth_t - truth_t.mean()).abs().mean()
+    assert error < 0.5 * baseline, (error, baseline)
+
+
+def test_frozen_backbone_trains_the_head_and_round_trips(tmp_path):
+    meter = tiny_meter()
+    windows, examples = [], []
+    for messages, tokens in synthetic_set(20, seed=2):
+        w, e = trajectory_examples(meter, messages, random.Random(len(windows)).random() < 0.7, tokens, len(windows))
+        windows += w
+        examples += e
+    before = [p.clone() for p in meter.backbone.parameters()]
+    out = tmp_path / "frozen"
+    config = RegressionTrainConfig(output_dir=str(out), head_epochs=5, progress=False)
+    report = train_regression_meter(meter, windows, examples, config)
+    assert all(torch.equal(a, b) for a, b in zip(before, meter.backbone.parameters()))
+    assert report["losses"][-1] < report["losses"][0]
+    assert (out / "features.pt").exists() and (out / "head.pt").exists()
