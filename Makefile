@@ -4,7 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 
-.PHONY: install test test-fast demo bench clean
+VERL_VENV := .venv-verl
+
+.PHONY: install test test-fast demo bench bench-credit clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +25,21 @@ test-fast: install
 demo: install
 	$(PY) -m deltattg credit examples/credit_example.jsonl --failure-cost 200 --table --out runs/demo/credit.jsonl
 
-bench: install
-	$(PY) bench/bench_credit.py
+# verl 0.9.1 pins transformers<5.11 (and imports ray), so the credit benchmark runs it in its own venv.
+$(VERL_VENV)/.installed: pyproject.toml
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VERL_VENV)/bin/pip install --quiet --no-deps verl==0.9.1
+	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 'ray>=2.41' 'transformers>=5.5.3,<5.11,!=5.6.0' \
+	    'tensordict>=0.8,<=0.10,!=0.9.0' omegaconf codetiming numpy tqdm pyyaml
+	$(VERL_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+bench-credit: $(VERL_VENV)/.installed
+	$(VERL_VENV)/bin/python bench/bench_credit.py
+
+bench: install bench-credit
+	$(PY) bench/bench_envs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs

@@ -96,7 +96,9 @@ def test_locate_steps_numbers_runs_across_rows():
         ]
     )
     steps = locate_steps(mask, torch.tensor([0, 1, 0]))
-    assert steps.step_of_token.tolist() == [[0, 0, -1, 1, -1, -1], [-1, 0, 0, 0, -1, 1], [2, -1, -1, -1, -1, -1]]
+    # Runs in row-major order: (row 0: a0, a1), (row 1: b0, b1), (row 2: a2).
+    assert steps.run_traj.tolist() == [0, 0, 1, 1, 0] and steps.run_step.tolist() == [0, 1, 0, 1, 2]
+    assert not steps.one_run_per_row
     assert steps.step_tokens.tolist() == [[2, 1, 1], [3, 1, 0]]
     assert steps.step_mask.tolist() == [[True, True, True], [True, True, False]]
 

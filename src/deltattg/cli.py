@@ -104,6 +104,76 @@ def cmd_credit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_meter(args: argparse.Namespace) -> int:
+    """Train a progress meter on recorded trajectories (outcomes only; step labels never enter training)."""
+    from deltattg.meter.commands import select_split, train_generative, train_regression
+
+    items = select_split(_read(args.data, args.skip_invalid), args.split, args.subset)
+    if not items:
+        raise UsageError("no trajectories left to train on (check --split / --subset)")
+    print(f"training a {args.kind} meter on {len(items)} trajectories", file=sys.stderr)
+    tokenizer = _tokenizer(args.tokenizer)
+    if args.kind == "regression":
+        meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars}
+        train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
+                          "batch_size": args.batch_size, "seed": args.seed}
+        if args.lr is not None:
+            train_settings["lr_head_frozen" if not args.full else "lr_backbone"] = args.lr
+        report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer,
+                                  meter_settings=meter_settings, train_settings=train_settings)
+        print(f"{report['examples']} decision states; final loss {report['final_loss']:.4f}", file=sys.stderr)
+    else:
+        settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
+        if args.lr is not None:
+            settings["learning_rate"] = args.lr
+        train_generative(items, args.model, args.out, stage=args.stage, count_tokenizer=tokenizer,
+                         max_prompt_tokens=args.max_length, lora=args.lora, train_settings=settings)
+    print(f"saved the meter to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _meter(args: argparse.Namespace):
+    from deltattg.meter.commands import wrap_for_scoring
+    from deltattg.meter.loading import load_meter
+
+    return wrap_for_scoring(load_meter(args.meter, endpoint_model=args.meter_model), args.cache)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Add the meter's reading of every decision state to each trajectory (what ``credit`` consumes)."""
+    from deltattg.data.jsonl import write_jsonl
+    from deltattg.meter.commands import score_records
+
+    items = _read(args.input, args.skip_invalid)
+    meter = _meter(args)
+    records = score_records(items, meter, skip_zero_advantage=args.skip_zero_advantage,
+                            count_tokenizer=_tokenizer(args.tokenizer), progress=args.progress)
+    write_jsonl(args.out, records)
+    invalid = sum(r is None for record in records for r in record["meter"])
+    states = sum(len(record["meter"]) for record in records)
+    print(f"wrote {len(records)} scored trajectories to {args.out} ({invalid} of {states} readings null)", file=sys.stderr)
+    return 0
+
+
+def cmd_eval_steps(args: argparse.Namespace) -> int:
+    """Step-quality accuracy of a meter against step labels (§5.1, E.6)."""
+    import json
+
+    from deltattg.data.jsonl import atomic_output
+    from deltattg.meter.commands import evaluate_steps, select_split
+    from deltattg.meter.step_quality import format_table
+
+    items = select_split(_read(args.data, args.skip_invalid), args.split, args.subset)
+    results = evaluate_steps(items, _meter(args), args.failure_cost, progress=args.progress)
+    for dataset, rows in results.items():
+        print(f"== {dataset} ==")
+        print(format_table(rows))
+    if args.json:
+        with atomic_output(args.json) as handle:
+            json.dump({d: {name: q.as_dict() for name, q in rows.items()} for d, rows in results.items()}, handle, indent=2)
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     """List the registered credit estimators."""
     from deltattg.credit import available_estimators
@@ -164,6 +234,83 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenizer(credit)
     _add_skip_invalid(credit)
     credit.set_defaults(func=cmd_credit)
+
+    train_meter = sub.add_parser(
+        "train-meter",
+        help="train a progress meter (regression head, or generative SFT + GRPO)",
+        description="Train a Token-to-Go progress meter on recorded trajectories (ours or AgentProcessBench records). "
+        "Labels come from trajectory outcomes and token counts only (Eq. 1-2); step labels never enter training. "
+        "regression: backbone + head predicting the completion logit and log1p(TTG), every decision state of a "
+        "trajectory read in one pass; by default the backbone is frozen and its features cached, so only the head "
+        "trains (fast on CPU). generative: the paper's meter, SFT on the JSON answer (Eq. 3) then GRPO refinement "
+        "with our reconstructed reward (see DESIGN.md).",
+    )
+    train_meter.add_argument("data", help="trajectory JSONL (or AgentProcessBench records)")
+    train_meter.add_argument("--out", required=True, help="folder to save the meter to (save_pretrained layout)")
+    train_meter.add_argument("--kind", choices=["regression", "generative"], default="regression")
+    train_meter.add_argument("--model", default="smollm2",
+                             help="backbone / base model: HF id or path, 'smollm2' (offline CPU default) or DIR::FILE.gguf; "
+                             "GPU recipe: Qwen/Qwen3-4B-Instruct-2507")
+    train_meter.add_argument("--split", help="split file ({\"train\": [ids], ...}); train on one subset of it")
+    train_meter.add_argument("--subset", default="train", help="subset of --split to train on (default: train)")
+    train_meter.add_argument("--max-length", type=int, default=2048,
+                             help="token budget of one meter input (regression window / generative prompt), default 2048")
+    train_meter.add_argument("--max-message-chars", type=int, default=2000,
+                             help="regression: cap each message at this many characters (middle elided), default 2000")
+    train_meter.add_argument("--full", action="store_true", help="regression: train the backbone too (default: frozen)")
+    train_meter.add_argument("--head-epochs", type=int, default=40, help="regression, frozen backbone: head epochs")
+    train_meter.add_argument("--epochs", type=int, default=1, help="epochs over the data when the backbone trains")
+    train_meter.add_argument("--batch-size", type=int, default=32)
+    train_meter.add_argument("--lr", type=float, help="learning rate (defaults: head 1e-3 frozen; backbone 1e-5; "
+                             "generative SFT 1e-5, GRPO 3e-6)")
+    train_meter.add_argument("--stage", choices=["sft", "grpo", "sft+grpo"], default="sft+grpo",
+                             help="generative: training stages (default sft+grpo)")
+    train_meter.add_argument("--lora", action="store_true", help="generative: LoRA r=16 on q,v instead of full fine-tuning")
+    train_meter.add_argument("--seed", type=int, default=0)
+    _add_tokenizer(train_meter)
+    _add_skip_invalid(train_meter)
+    train_meter.set_defaults(func=cmd_train_meter)
+
+    def add_meter_source(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--meter", required=True, help="a trained meter folder, a model spec (untrained generative "
+                       "meter) or an OpenAI-compatible endpoint URL (vLLM / SGLang)")
+        p.add_argument("--meter-model", help="with an endpoint URL: the served model's name")
+        p.add_argument("--cache", help="SQLite file caching readings across runs (prefix-by-prefix meters)")
+        p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+    score = sub.add_parser(
+        "score",
+        help="add the meter's readings to each trajectory (what `credit` consumes)",
+        description="Read every decision state (the history before each action) of each trajectory with a frozen meter "
+        "and add `meter`: one reading per action, {\"can_complete\": b, \"tokens_to_go\": v} (regression meters also "
+        "give \"logit\"), null when invalid.",
+    )
+    score.add_argument("input", help="trajectory JSONL")
+    score.add_argument("--out", required=True, help="JSONL to write")
+    score.add_argument("--skip-zero-advantage", action="store_true",
+                       help="as Algorithm 1: do not read trajectories whose GRPO advantage is 0 (their entries are null)")
+    add_meter_source(score)
+    _add_tokenizer(score)
+    _add_skip_invalid(score)
+    score.set_defaults(func=cmd_score)
+
+    eval_steps = sub.add_parser(
+        "eval-steps",
+        help="step-quality accuracy of a meter against step labels (§5.1)",
+        description="Predicted progress of each labelled step, Δ = c(h_t) - c(h_t+1) with c = v if b else C (terminal "
+        "prefix included), against AgentProcessBench step labels; neutral steps excluded; ties and invalid readings "
+        "count as wrong. Prints accuracy and balanced accuracy per dataset and pooled, beside always-beneficial and "
+        "random baselines.",
+    )
+    eval_steps.add_argument("--data", required=True, help="records with step_labels (AgentProcessBench JSONL)")
+    eval_steps.add_argument("--split", help="split file")
+    eval_steps.add_argument("--subset", default="test", help="subset of --split to evaluate (default: test)")
+    eval_steps.add_argument("--failure-cost", type=float, default=6144.0,
+                            help="C for states predicted unsuccessful (default 6144, the paper's search-QA value)")
+    eval_steps.add_argument("--json", help="also write the results as JSON here")
+    add_meter_source(eval_steps)
+    _add_skip_invalid(eval_steps)
+    eval_steps.set_defaults(func=cmd_eval_steps)
 
     methods = sub.add_parser("methods", help="list the credit estimators")
     methods.set_defaults(func=cmd_methods)

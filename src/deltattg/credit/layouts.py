@@ -24,13 +24,13 @@ def factorize(values: Sequence[Hashable] | np.ndarray | Tensor) -> tuple[Tensor,
     """Dense codes 0..K−1 in order of first appearance, and the distinct values (like ``pandas.factorize``)."""
     if isinstance(values, Tensor):
         uniques, first, inverse = np.unique(values.cpu().numpy(), return_index=True, return_inverse=True)
-    else:
-        array = np.asarray(values, dtype=object if not isinstance(values, np.ndarray) else None)
-        uniques, first, inverse = np.unique(array, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return torch.from_numpy(rank[inverse.reshape(-1)]).long(), [uniques[i] for i in order]
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        return torch.from_numpy(rank[inverse.reshape(-1)]).long(), [uniques[i].item() for i in order]
+    index: dict[Hashable, int] = {}
+    codes = [index.setdefault(v, len(index)) for v in values]
+    return torch.tensor(codes, dtype=torch.long), list(index)
 
 
 def pad_steps(rows: Sequence[Sequence[float]], dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -89,12 +89,15 @@ def step_batch(
 
 @dataclass
 class FlatSteps:
-    """Where every step of every trajectory sits in a flat ``[rows, L]`` batch."""
+    """Where every step of every trajectory sits in a flat ``[rows, L]`` batch: one entry per run of 1s (= step)."""
 
     traj_of_row: Tensor  # [rows] dense trajectory ids
-    step_of_token: Tensor  # [rows, L] step index within its trajectory, −1 where the response mask is 0
+    run_row: Tensor  # [runs] the row holding each run, runs in row-major order
+    run_traj: Tensor  # [runs] its trajectory
+    run_step: Tensor  # [runs] its step index t within the trajectory
     step_tokens: Tensor  # [n, S] tokens per step
     step_mask: Tensor  # [n, S]
+    one_run_per_row: bool  # verl-agent's layout: every row holds at most one step
 
     @property
     def num_trajectories(self) -> int:
@@ -102,30 +105,32 @@ class FlatSteps:
 
 
 def locate_steps(response_mask: Tensor, traj_of_row: Tensor) -> FlatSteps:
-    """Number the contiguous runs of 1s of each trajectory's rows as its steps 0..T−1 (vectorised, no token loop)."""
+    """Number the contiguous runs of 1s of each trajectory's rows as its steps 0..T−1, in row order.
+
+    Work is per run, not per token, apart from finding where runs start and end.
+    """
     mask = response_mask.bool()
-    rows, _ = mask.shape
-    n = int(traj_of_row.max().item()) + 1 if rows else 0
     starts = mask.clone()
     starts[:, 1:] &= ~mask[:, :-1]
-    runs_per_row = starts.sum(dim=1)
-    # Exclusive running count of runs over earlier rows of the same trajectory (rows keep their order).
-    order = torch.argsort(traj_of_row, stable=True)
-    sorted_runs = runs_per_row[order]
-    exclusive = torch.cumsum(sorted_runs, 0) - sorted_runs
-    first_of_traj = torch.zeros(n, dtype=exclusive.dtype).scatter_reduce(
-        0, traj_of_row[order], exclusive, "amin", include_self=False
-    )
-    row_offset = torch.empty_like(exclusive)
-    row_offset[order] = exclusive - first_of_traj[traj_of_row[order]]
-    run_in_row = torch.cumsum(starts, dim=1) - 1
-    step_of_token = torch.where(mask, row_offset[:, None] + run_in_row, torch.full_like(run_in_row, -1))
-    num_steps = torch.zeros(n, dtype=torch.long).index_add_(0, traj_of_row, runs_per_row)
+    ends = mask.clone()
+    ends[:, :-1] &= ~mask[:, 1:]
+    run_row, run_start = starts.nonzero(as_tuple=True)
+    _, run_end = ends.nonzero(as_tuple=True)  # row-major: the k-th end closes the k-th start
+    run_length = run_end - run_start + 1
+    run_traj = traj_of_row[run_row]
+    n = int(traj_of_row.max().item()) + 1 if traj_of_row.numel() else 0
+    # Rank of each run among its trajectory's runs: a stable sort by trajectory keeps the row-major order.
+    order = torch.argsort(run_traj, stable=True)
+    num_steps = torch.bincount(run_traj, minlength=n)
+    first = torch.cumsum(num_steps, 0) - num_steps
+    run_step = torch.empty_like(order)
+    run_step[order] = torch.arange(len(order)) - first[run_traj[order]]
     width = int(num_steps.max().item()) if n else 0
-    flat_index = (traj_of_row[:, None] * width + step_of_token)[mask]
-    step_tokens = torch.zeros(n * width, dtype=torch.long).index_add_(0, flat_index, torch.ones_like(flat_index))
+    step_tokens = torch.zeros(n, width, dtype=torch.long)
+    step_tokens[run_traj, run_step] = run_length
     step_mask = torch.arange(width)[None, :] < num_steps[:, None]
-    return FlatSteps(traj_of_row, step_of_token, step_tokens.view(n, width), step_mask)
+    one_run = bool((torch.bincount(run_row, minlength=mask.shape[0]) <= 1).all())
+    return FlatSteps(traj_of_row, run_row, run_traj, run_step, step_tokens, step_mask, one_run)
 
 
 def per_trajectory(values: Tensor, traj_of_row: Tensor, num_trajectories: int) -> Tensor:
@@ -134,12 +139,17 @@ def per_trajectory(values: Tensor, traj_of_row: Tensor, num_trajectories: int) -
     return out.scatter(0, traj_of_row, values)
 
 
-def token_advantages(step_advantages: Tensor, steps: FlatSteps) -> Tensor:
+def token_advantages(step_advantages: Tensor, steps: FlatSteps, response_mask: Tensor) -> Tensor:
     """Broadcast Ã_{i,t} to every token of step t in the flat layout; 0 where the response mask is 0."""
-    width = step_advantages.shape[1]
-    index = steps.traj_of_row[:, None] * width + steps.step_of_token.clamp(min=0)
-    values = step_advantages.reshape(-1)[index]
-    return torch.where(steps.step_of_token >= 0, values, torch.zeros_like(values))
+    mask = response_mask.to(step_advantages.dtype)
+    run_values = step_advantages[steps.run_traj, steps.run_step]
+    if steps.one_run_per_row:
+        row_values = torch.zeros(mask.shape[0], dtype=step_advantages.dtype).index_put_((steps.run_row,), run_values)
+        return row_values[:, None] * mask
+    starts = response_mask.bool().clone()
+    starts[:, 1:] &= ~response_mask.bool()[:, :-1]
+    token_run = torch.cumsum(starts.view(-1), 0).view_as(starts) - 1  # run index of each token (row-major)
+    return run_values[token_run.clamp(min=0)] * mask
 
 
 def credit_flat(
@@ -170,4 +180,4 @@ def credit_flat(
         meter=meter,
     )
     credit = get_estimator(method)(batch, config)
-    return token_advantages(credit.step_advantages, steps), credit, steps
+    return token_advantages(credit.step_advantages, steps, response_mask), credit, steps

@@ -1,0 +1,178 @@
+"""What ``deltattg train-meter``, ``score`` and ``eval-steps`` do, as library functions over validated records."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from deltattg.data.sources import Located
+from deltattg.data.tokens import resolve_step_tokens
+from deltattg.errors import InputError
+from deltattg.meter.base import CachedMeter, Meter
+from deltattg.meter.loading import read_trajectory_states
+from deltattg.meter.step_quality import StepQuality, baseline_rows, labelled_steps, step_judgements, step_quality
+
+
+def select_split(items: Sequence[Located], split: str | None, subset: str | None) -> list[Located]:
+    """The trajectories whose ``id`` is in ``subset`` of the split file (all of them without a split)."""
+    if split is None:
+        return list(items)
+    from deltattg.data.sources import load_split
+
+    wanted = load_split(split, subset or "train")
+    return [item for item in items if item.trajectory.id in wanted]
+
+
+def _messages(item: Located) -> list[dict]:
+    if item.trajectory.messages is None:
+        raise InputError("the meter reads decision prefixes, so records need messages", path=item.path,
+                         line=item.line, field="messages")
+    return item.trajectory.messages
+
+
+def _located_tokens(item: Located, tokenizer: Any) -> list[int]:
+    try:
+        return resolve_step_tokens(item.trajectory, tokenizer)
+    except InputError as exc:
+        raise exc.located(path=item.path, line=item.line) from None
+
+
+# ---- train-meter --------------------------------------------------------------------------------------------------
+
+
+def train_regression(items: Sequence[Located], model: str, output_dir: str, *, count_tokenizer: Any = None,
+                     meter_settings: dict[str, Any], train_settings: dict[str, Any]) -> dict:
+    """A regression meter on ``model``'s backbone, trained on every decision state of ``items`` (outcomes only)."""
+    from deltattg.meter.regression import RegressionMeter
+    from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
+
+    meter = RegressionMeter.from_backbone(model, **meter_settings)
+    tokenizer = count_tokenizer or meter.tokenizer
+    windows, examples = [], []
+    for item in items:
+        w, e = trajectory_examples(meter, _messages(item), item.trajectory.success, _located_tokens(item, tokenizer),
+                                   len(windows))
+        windows += w
+        examples += e
+    return train_regression_meter(meter, windows, examples, RegressionTrainConfig(output_dir=output_dir, **train_settings))
+
+
+def train_generative(items: Sequence[Located], model: str, output_dir: str, *, stage: str, count_tokenizer: Any = None,
+                     max_prompt_tokens: int | None, lora: bool, train_settings: dict[str, Any]) -> None:
+    """The paper's generative meter: SFT (Eq. 3), then optionally GRPO refinement (D.2, our reconstructed reward)."""
+    from deltattg.meter.generative import GenerativeMeter
+    from deltattg.meter.train_generative import (
+        grpo_config,
+        meter_dataset,
+        sft_config,
+        train_grpo,
+        train_sft,
+        trajectory_records,
+    )
+
+    meter = GenerativeMeter.from_pretrained(model, **({"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
+    tokenizer = count_tokenizer or meter.tokenizer
+    for item in items:
+        _located_tokens(item, tokenizer)  # locate bad records before any training starts
+    records = list(trajectory_records([item.trajectory for item in items], tokenizer))
+    dataset = meter_dataset(records, meter.tokenizer, meter.max_prompt_tokens)
+    peft = None
+    if lora:
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    out = Path(output_dir)
+    if stage in ("sft", "sft+grpo"):
+        target = out / "sft" if stage == "sft+grpo" else out
+        meter = train_sft(meter, dataset, target, args=sft_config(target, **train_settings), peft_config=peft,
+                          resume_from_checkpoint=_latest_checkpoint(target))
+    if stage in ("grpo", "sft+grpo"):
+        grpo = grpo_config(out, max_completion_length=meter.max_new_tokens, **train_settings)
+        train_grpo(meter, dataset, out, args=grpo, peft_config=peft, resume_from_checkpoint=_latest_checkpoint(out))
+
+
+def _latest_checkpoint(folder: Path) -> str | None:
+    """The newest ``checkpoint-N`` in ``folder`` (HF Trainer's layout), to resume a killed run."""
+    found = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])) if folder.is_dir() else []
+    return str(found[-1]) if found else None
+
+
+# ---- score --------------------------------------------------------------------------------------------------------
+
+
+def nonzero_advantage(items: Sequence[Located], tokenizer: Any) -> list[bool]:
+    """Which trajectories have A_i ≠ 0 under GRPO's step-expanded statistics (Algorithm 1 queries only those)."""
+    import torch
+
+    from deltattg.credit.grpo import step_expanded_advantage
+    from deltattg.credit.layouts import factorize
+
+    group, _ = factorize([item.trajectory.group for item in items])
+    steps = torch.tensor([len(_located_tokens(item, tokenizer)) for item in items])
+    reward = torch.tensor([item.trajectory.reward for item in items])
+    return (step_expanded_advantage(reward, steps, group, int(group.max()) + 1) != 0).tolist()
+
+
+def score_records(items: Sequence[Located], meter: Meter, *, skip_zero_advantage: bool = False,
+                  count_tokenizer: Any = None, chunk: int = 32, progress: bool = True) -> list[dict]:
+    """Each record with ``meter`` added: one reading per decision state before each action (null = invalid), or all
+    null for trajectories skipped because A_i = 0 (``skip_zero_advantage``, as Algorithm 1 does)."""
+    from tqdm import tqdm
+
+    asked = nonzero_advantage(items, count_tokenizer) if skip_zero_advantage else [True] * len(items)
+    chosen = [k for k, ask in enumerate(asked) if ask]
+    readings: dict[int, list] = {}
+    with tqdm(total=len(chosen), desc="scoring", unit="traj", disable=not progress) as bar:
+        for start in range(0, len(chosen), chunk):
+            batch = chosen[start : start + chunk]
+            states = read_trajectory_states(meter, [_messages(items[k]) for k in batch], terminal=False)
+            readings.update(zip(batch, states))
+            bar.update(len(batch))
+    out = []
+    for k, item in enumerate(items):
+        record = dict(item.record)
+        steps = item.trajectory.num_steps
+        record["meter"] = [None if r is None else r.to_json() for r in readings.get(k, [None] * steps)]
+        out.append(record)
+    return out
+
+
+def wrap_for_scoring(meter: Meter, cache_path: str | None) -> Meter:
+    """Dedup + persistent cache for meters that read prefix by prefix (a one-pass meter needs neither)."""
+    if hasattr(meter, "score_trajectories"):
+        return meter
+    from deltattg.meter.cache import ScoreCache
+    from deltattg.meter.endpoint import EndpointMeter
+
+    # An endpoint's invalid reading may be a timeout: never cache it. In-process greedy answers repeat: cache them.
+    return CachedMeter(meter, ScoreCache(cache_path) if cache_path else None,
+                       cache_invalid=not isinstance(meter, EndpointMeter))
+
+
+# ---- eval-steps ---------------------------------------------------------------------------------------------------
+
+
+def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, *, progress: bool = True) -> dict[str, dict[str, StepQuality]]:
+    """Step-quality rows per dataset and pooled (each beside its baselines) for records with ``step_labels``."""
+    from tqdm import tqdm
+
+    labelled = [item for item in items if item.trajectory.extra.get("step_labels")]
+    if not labelled:
+        raise InputError("no record has step_labels to evaluate against", path=items[0].path if items else None,
+                         field="step_labels")
+    pairs_by_dataset: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
+    for start in tqdm(range(0, len(labelled), 16), desc="eval-steps", unit="chunk", disable=not progress):
+        batch = labelled[start : start + 16]
+        states = read_trajectory_states(meter, [_messages(item) for item in batch], terminal=True)
+        for item, readings in zip(batch, states):
+            judged = step_judgements(readings, failure_cost)
+            labels = labelled_steps(item.trajectory.messages or [], item.trajectory.extra["step_labels"])
+            dataset = str(item.trajectory.extra.get("data_source", "all"))
+            pairs_by_dataset[dataset] += [(label, judged[t]) for t, label in sorted(labels.items())]
+    pooled = [p for pairs in pairs_by_dataset.values() for p in pairs]
+    out: dict[str, dict[str, StepQuality]] = {}
+    for dataset, pairs in [*sorted(pairs_by_dataset.items()), ("pooled", pooled)]:
+        out[dataset] = {"meter": step_quality(pairs), **baseline_rows(pairs)}
+    return out

@@ -1,0 +1,97 @@
+"""``deltattg score`` and ``eval-steps`` with a real (tiny) regression meter saved to disk, and step-quality scoring
+by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deltattg.cli import main
+from deltattg.data.trajectory import MeterOutput
+from deltattg.meter.step_quality import baseline_rows, labelled_steps, step_judgements, step_quality
+from test_meter_regression import tiny_meter
+
+
+def test_step_judgements_by_hand():
+    # costs c = [100, 60, C=500, 0]: Δ = [40, -440, 500] -> beneficial, harmful, beneficial; an invalid reading voids
+    # the two steps next to it; equal costs are a tie (0).
+    readings = [MeterOutput(True, 100), MeterOutput(True, 60), MeterOutput(False), MeterOutput(True, 0)]
+    assert step_judgements(readings, 500) == [1, -1, 1]
+    assert step_judgements([MeterOutput(True, 5), None, MeterOutput(True, 5)], 500) == [None, None]
+    assert step_judgements([MeterOutput(True, 5), MeterOutput(True, 5)], 500) == [0]
+
+
+def test_step_quality_by_hand():
+    # labels +1,+1,+1,-1,-1 (and a neutral 0 that is dropped); judgements +1,-1,0,-1,None.
+    # Correct: step 0 (+1) and step 3 (-1) -> accuracy 2/5; recall(+1) = 1/3, recall(-1) = 1/2 -> balanced 5/12.
+    pairs = [(1, 1), (1, -1), (1, 0), (-1, -1), (-1, None), (0, 1)]
+    q = step_quality(pairs)
+    assert (q.steps, q.beneficial, q.harmful, q.correct, q.ties, q.invalid) == (5, 3, 2, 2, 1, 1)
+    assert q.accuracy == pytest.approx(2 / 5) and q.balanced_accuracy == pytest.approx(5 / 12)
+    always = baseline_rows(pairs)["always-beneficial"]
+    assert always.accuracy == pytest.approx(3 / 5) and always.balanced_accuracy == pytest.approx(0.5)
+
+
+def test_labelled_steps_map_message_indices_to_steps():
+    messages = [{"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}]
+    assert labelled_steps(messages, {"1": 1, "3": -1}) == {0: 1, 1: -1}
+
+
+def apb_record(index: int, success: bool, actions: int) -> dict:
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"goal {actions}"}]
+    for _ in range(actions):
+        messages += [{"role": "assistant", "content": "go to the mug"}, {"role": "tool", "content": "next"}]
+    labels = {str(2 + 2 * t): (1 if (t + index) % 3 else -1) for t in range(actions)}
+    labels[str(2)] = 0
+    return {"total_index": index, "query_index": index // 2, "data_source": "toy", "final_label": 1 if success else -1,
+            "messages": messages, "step_labels": labels}
+
+
+@pytest.fixture(scope="module")
+def meter_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("meter") / "tiny"
+    tiny_meter().save_pretrained(folder)
+    return folder
+
+
+def test_score_adds_one_reading_per_action(tmp_path, meter_dir):
+    src = tmp_path / "apb.jsonl"
+    src.write_text("".join(json.dumps(apb_record(i, i % 2 == 0, 1 + i % 3)) + "\n" for i in range(6)))
+    out = tmp_path / "scored.jsonl"
+    assert main(["score", str(src), "--meter", str(meter_dir), "--out", str(out), "--no-progress",
+                 "--tokenizer", str(meter_dir / "backbone")]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [len(r["meter"]) for r in records] == [1 + i % 3 for i in range(6)]
+    assert all(set(m) == {"can_complete", "tokens_to_go", "logit"} for r in records for m in r["meter"])
+    # The scored file is exactly what `credit` consumes.
+    credit = tmp_path / "credit.jsonl"
+    assert main(["credit", str(out), "--failure-cost", "500", "--out", str(credit), "--tokenizer",
+                 str(meter_dir / "backbone")]) == 0
+    assert len(credit.read_text().splitlines()) == 6
+
+
+def test_eval_steps_counts_and_json(tmp_path, meter_dir, capsys):
+    records = [apb_record(i, i % 2 == 0, 2 + i % 3) for i in range(8)]
+    src = tmp_path / "apb.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"train": [0, 1, 2, 3], "test": [4, 5, 6, 7]}))
+    out = tmp_path / "eval.json"
+    assert main(["eval-steps", "--meter", str(meter_dir), "--data", str(src), "--split", str(split), "--json", str(out),
+                 "--no-progress"]) == 0
+    results = json.loads(out.read_text())
+    test_labels = [v for r in records[4:] for v in r["step_labels"].values() if v != 0]
+    pooled = results["pooled"]
+    assert pooled["meter"]["steps"] == len(test_labels)
+    assert pooled["always-beneficial"]["accuracy"] == pytest.approx(sum(v > 0 for v in test_labels) / len(test_labels))
+    assert 0.0 <= pooled["meter"]["balanced_accuracy"] <= 1.0
+    assert "always-beneficial" in capsys.readouterr().out
+
+
+def test_eval_steps_without_labels_is_an_input_error(tmp_path, meter_dir, capsys):
+    src = tmp_path / "plain.jsonl"
+    src.write_text(json.dumps({"id": 1, "group": "g", "reward": 1, "success": True,
+                               "messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "go"}]}) + "\n")
+    assert main(["eval-steps", "--meter", str(meter_dir), "--data", str(src), "--no-progress"]) == 2
+    assert "step_labels" in capsys.readouterr().err
