@@ -174,6 +174,38 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Roll out a pool of policies in an environment and write their trajectories."""
+    from deltattg.data.jsonl import write_jsonl
+    from deltattg.data.tokens import count_step_tokens
+    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.rollout.collect import collect, parse_policy
+    from deltattg.rollout.policies import SamplingConfig
+
+    try:
+        specs = [parse_policy(p) for p in args.policy]
+        make_env = env_factory(args.env, data=args.data, short=args.short)
+        sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(str(exc)) from None
+    tokenizer = _tokenizer(args.tokenizer)
+    trajectories = collect(make_env, args.split or DEFAULT_SPLIT[args.env], specs, episodes=args.episodes,
+                           group_size=args.group_size, seed=args.seed, sampling=sampling, max_turns=args.max_turns,
+                           progress=args.progress)
+    for traj in trajectories:
+        if traj.step_tokens is None and tokenizer is not None:
+            traj.step_tokens = count_step_tokens(traj.messages or [], tokenizer)
+        for step in traj.steps or []:
+            step.prompt_ids = None  # rebuilt from the messages when needed; keeps the file small
+    write_jsonl(args.out, (t.to_json() for t in trajectories))
+    for spec in specs:
+        mine = [t for t in trajectories if t.policy == spec.name]
+        rate = sum(t.success for t in mine) / max(len(mine), 1)
+        print(f"{spec.name:>16}: {len(mine)} episodes, success {100 * rate:.1f}%", file=sys.stderr)
+    print(f"wrote {len(trajectories)} trajectories to {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     """List the registered credit estimators."""
     from deltattg.credit import available_estimators
@@ -311,6 +343,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_meter_source(eval_steps)
     _add_skip_invalid(eval_steps)
     eval_steps.set_defaults(func=cmd_eval_steps)
+
+    collect_p = sub.add_parser(
+        "collect",
+        help="trajectories of a pool of diverse policies in an environment",
+        description="Roll out each --policy for --episodes episodes on the same tasks and pool the trajectories (the "
+        "meter's training data, §3.1 / D.1). Policies: expert (planner / walkthrough / ground truth), expert:EPS "
+        "(a random admissible action with probability EPS), random, lm:MODEL (HF id, path or smollm2). Every record "
+        "carries its policy's name.",
+    )
+    collect_p.add_argument("--env", required=True, choices=["household", "alfworld", "bfcl"])
+    collect_p.add_argument("--policy", action="append", required=True, help="a policy spec; repeat to pool several")
+    collect_p.add_argument("--episodes", type=int, required=True, help="episodes per policy")
+    collect_p.add_argument("--out", required=True, help="trajectory JSONL to write")
+    collect_p.add_argument("--split", help="task split (household/alfworld: train, valid_seen, valid_unseen; "
+                           "bfcl: base, ...); default train (bfcl: base)")
+    collect_p.add_argument("--group-size", type=int, default=1, help="episodes per task (a GRPO group)")
+    collect_p.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
+    collect_p.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
+    collect_p.add_argument("--max-turns", type=int, help="stop an episode after this many actions (default: the env's)")
+    collect_p.add_argument("--temperature", type=float, default=1.0, help="lm policies: sampling temperature (0 = greedy)")
+    collect_p.add_argument("--max-new-tokens", type=int, default=256, help="lm policies: tokens per action")
+    collect_p.add_argument("--seed", type=int, default=0)
+    collect_p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _add_tokenizer(collect_p)
+    collect_p.set_defaults(func=cmd_collect)
 
     methods = sub.add_parser("methods", help="list the credit estimators")
     methods.set_defaults(func=cmd_methods)
