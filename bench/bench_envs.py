@@ -1,6 +1,8 @@
 """Environment steps per second: one function per environment; ``main`` runs those whose extras are installed.
 
-    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household]
+    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|alfworld|bfcl]
+
+ALFWorld reads its game files from ``$ALFWORLD_DATA`` (the ``json_2.1.1`` layout) and is skipped without them.
 
 Each function plays episodes with simple policies and returns one ``Row`` per policy. Step times cover ``step`` calls
 and the policy's own choice (the planner's, for the expert); resets are timed apart. Wall-clock and CPU time are both
@@ -74,9 +76,35 @@ def bench_household(episodes: int = 300, seed: int = 0) -> list[Row]:
     ]
 
 
+def bench_alfworld(episodes: int = 4, seed: int = 0) -> list[Row]:
+    """Real ALFWorld text games (``$ALFWORLD_DATA``, valid_seen; ``episodes`` games drawn with ``seed``): a random
+    admissible policy (up to 50 steps) and the expert, which follows the walkthrough from the start (no planning).
+    Resets include loading each game file (every episode is a new game)."""
+    from deltattg.envs.alfworld import ALFWorldEnv
+
+    rng = random.Random(seed)
+    env = ALFWorldEnv()
+    tasks = rng.sample(list(env.tasks("valid_seen")), episodes)
+    return [
+        _play(env, tasks, lambda: rng.choice(env.admissible_actions()), "alfworld", "random admissible"),
+        _play(env, tasks, env.expert_action, "alfworld", "expert (walkthrough)"),
+    ]
+
+
+def bench_bfcl(episodes: int = 200) -> list[Row]:
+    """BFCL v3 multi_turn_base (the first ``episodes`` entries): ground-truth replay, one call per step; each
+    episode's last step includes BFCL's multi-turn checker, which re-runs the episode and the ground truth."""
+    from deltattg.envs.bfcl import BFCLEnv
+
+    env = BFCLEnv()
+    return [_play(env, env.tasks("base")[:episodes], env.expert_action, "bfcl", "ground truth")]
+
+
 # name -> (benchmark, modules its optional extra provides)
 BENCHMARKS: dict[str, tuple[Callable[..., list[Row]], tuple[str, ...]]] = {
     "household": (bench_household, ()),
+    "alfworld": (bench_alfworld, ("alfworld", "textworld")),
+    "bfcl": (bench_bfcl, ("bfcl_eval",)),
 }
 
 
@@ -87,7 +115,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=300)
+    parser.add_argument("--episodes", type=int, help="episodes per benchmark (default: each benchmark's own)")
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)")
     args = parser.parse_args(argv)
     rows = [HEADER]
@@ -97,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if missing:
             print(f"skipping {name}: {', '.join(missing)} not installed")
             continue
-        rows += [row.cells() for row in bench(episodes=args.episodes)]
+        try:
+            rows += [row.cells() for row in bench(**({} if args.episodes is None else {"episodes": args.episodes}))]
+        except FileNotFoundError as error:  # an extra's data is missing (ALFWorld: $ALFWORLD_DATA)
+            print(f"skipping {name}: {error}")
     print(_table(rows))
 
 

@@ -26,10 +26,11 @@ def tiny_meter(max_length: int = 512, seed: int = 0) -> RegressionMeter:
 
 
 def episode(goal: int, actions: int, rng: random.Random) -> list[dict]:
+    """The first message says how many actions the task takes; each observation says how many are left."""
     messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"goal {goal}"}]
-    for _ in range(actions):
+    for t in range(actions):
         messages += [{"role": "assistant", "content": rng.choice(["go to the mug", "take the cup", "go"])},
-                     {"role": "user", "content": "next"}]
+                     {"role": "user", "content": f"next {max(goal - t - 1, 0)}"}]
     return messages
 
 
@@ -71,7 +72,7 @@ def test_windows_keep_the_task_block():
 
 
 def synthetic_set(n: int, seed: int):
-    """TTG is determined by what the history shows: the goal says how many actions remain, each costs 4 tokens."""
+    """TTG is determined by what the history shows: the latest message says how many actions remain, 4 tokens each."""
     rng = random.Random(seed)
     data = []
     for _ in range(n):
@@ -83,12 +84,12 @@ def synthetic_set(n: int, seed: int):
 def test_training_fits_token_to_go_better_than_the_mean(tmp_path):
     meter = tiny_meter()
     windows, examples = [], []
-    for messages, tokens in synthetic_set(60, seed=0):
+    for messages, tokens in synthetic_set(40, seed=0):
         w, e = trajectory_examples(meter, messages, True, tokens, len(windows))
         windows += w
         examples += e
-    config = RegressionTrainConfig(output_dir=str(tmp_path / "meter"), freeze_backbone=False, epochs=15, batch_size=8,
-                                   lr_backbone=3e-3, lr_head=3e-3, save_every=10_000, progress=False)
+    config = RegressionTrainConfig(output_dir=str(tmp_path / "meter"), freeze_backbone=False, epochs=25, batch_size=8,
+                                   lr_backbone=2e-3, lr_head=2e-3, save_every=10_000, progress=False)
     train_regression_meter(meter, windows, examples, config)
     test = synthetic_set(20, seed=1)
     predicted, truth = [], []
@@ -98,7 +99,7 @@ def test_training_fits_token_to_go_better_than_the_mean(tmp_path):
     truth_t = torch.log1p(torch.tensor(truth, dtype=torch.float))
     error = (torch.log1p(torch.tensor(predicted, dtype=torch.float)) - truth_t).abs().mean()
     baseline = (truth_t - truth_t.mean()).abs().mean()
-    assert error < 0.5 * baseline, (error, baseline)
+    assert error < 0.3 * baseline, (error, baseline)
 
 
 def test_frozen_backbone_trains_the_head_and_round_trips(tmp_path):
