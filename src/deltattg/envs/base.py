@@ -5,6 +5,8 @@
     result = env.step("go to countertop 1")   # -> StepResult(observation, reward, done, info)
 
 ``info`` carries ``won`` (bool) and, where the environment has them, ``admissible`` (list of valid actions).
+An environment may set ``prompt_layout = "chat"`` when the actor must see the whole conversation (BFCL's later user
+turns); the default is verl-agent's windowed prompt (see ``deltattg.rollout.prompts``).
 Environments are deterministic given a task and seed. Branching for test-time guidance (E.5): ``snapshot()`` /
 ``restore()`` where cheap, else ``replay`` re-runs the actions so far on a fresh instance.
 """

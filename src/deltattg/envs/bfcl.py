@@ -175,6 +175,7 @@ class BFCLEnv:
     (the checker's verdict when the last turn ends, else None) and ``admissible`` (None: any call may be made)."""
 
     name = "bfcl"
+    prompt_layout = "chat"  # later user turns must stay visible: the windowed prompt would drop them
 
     def __init__(self, *, max_steps: int = MAX_STEPS):
         self.max_steps = max_steps

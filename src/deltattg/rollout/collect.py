@@ -15,6 +15,7 @@ from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment
 from deltattg.rollout.engine import Policy, run_episodes
 from deltattg.rollout.policies import LMPolicy, NoisyExpertPolicy, RandomPolicy, SamplingConfig
+from deltattg.rollout.prompts import PromptConfig
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def parse_policy(spec: str) -> PolicySpec:
     raise ValueError(f"unknown policy {spec!r}: use expert, expert:EPS, random or lm:MODEL")
 
 
-def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig) -> Policy:
+def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig, prompt: PromptConfig = PromptConfig()) -> Policy:
     if spec.kind == "expert":
         return NoisyExpertPolicy(spec.epsilon, seed=seed, name=spec.name)
     if spec.kind == "random":
@@ -53,7 +54,7 @@ def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig) -> Polic
     from deltattg.hf import load_causal_lm, load_tokenizer
 
     assert spec.model is not None
-    return LMPolicy(load_causal_lm(spec.model).eval(), load_tokenizer(spec.model), sampling, name=spec.name)
+    return LMPolicy(load_causal_lm(spec.model).eval(), load_tokenizer(spec.model), sampling, prompt, name=spec.name)
 
 
 def choose_tasks(tasks: Sequence, episodes: int, group_size: int, seed: int) -> list:
@@ -80,11 +81,13 @@ def collect(
     """``episodes`` trajectories per policy on the same tasks, pooled; ids are ``POLICY/TASK#k``."""
     import torch
 
-    tasks = choose_tasks(make_env().tasks(split), episodes, group_size, seed)
+    probe = make_env()
+    tasks = choose_tasks(probe.tasks(split), episodes, group_size, seed)
+    prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
     pooled: list[Trajectory] = []
     for k, spec in enumerate(specs):
         torch.manual_seed(seed + k)
-        policy = build_policy(spec, seed + k, sampling)
+        policy = build_policy(spec, seed + k, sampling, prompt)
         runs = run_episodes(make_env, tasks, policy, group_size=group_size, max_turns=max_turns,
                             run=f"{spec.name}/", progress=progress)
         pooled += runs[:episodes]
