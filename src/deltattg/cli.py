@@ -133,10 +133,9 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
 
 
 def _meter(args: argparse.Namespace):
-    from deltattg.meter.commands import wrap_for_scoring
     from deltattg.meter.loading import load_meter
 
-    return wrap_for_scoring(load_meter(args.meter, endpoint_model=args.meter_model), args.cache)
+    return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -184,7 +183,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     try:
         specs = [parse_policy(p) for p in args.policy]
-        make_env = env_factory(args.env, data=args.data, short=args.short)
+        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
         sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     except (ValueError, ImportError) as exc:
         raise UsageError(str(exc)) from None
@@ -368,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     collect_p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     _add_tokenizer(collect_p)
     collect_p.set_defaults(func=cmd_collect)
+
+    from deltattg.train.cli import add_train_parser
+
+    add_train_parser(sub)
 
     methods = sub.add_parser("methods", help="list the credit estimators")
     methods.set_defaults(func=cmd_methods)

@@ -10,8 +10,8 @@ from typing import Any
 from deltattg.data.sources import Located
 from deltattg.data.tokens import resolve_step_tokens
 from deltattg.errors import InputError
-from deltattg.meter.base import CachedMeter, Meter
-from deltattg.meter.loading import read_trajectory_states
+from deltattg.meter.base import Meter
+from deltattg.meter.loading import read_states
 from deltattg.meter.step_quality import StepQuality, baseline_rows, labelled_steps, step_judgements, step_quality
 
 
@@ -127,7 +127,7 @@ def score_records(items: Sequence[Located], meter: Meter, *, skip_zero_advantage
     with tqdm(total=len(chosen), desc="scoring", unit="traj", disable=not progress) as bar:
         for start in range(0, len(chosen), chunk):
             batch = chosen[start : start + chunk]
-            states = read_trajectory_states(meter, [_messages(items[k]) for k in batch], terminal=False)
+            states, _ = read_states(meter, [_messages(items[k]) for k in batch])
             readings.update(zip(batch, states))
             bar.update(len(batch))
     out = []
@@ -137,18 +137,6 @@ def score_records(items: Sequence[Located], meter: Meter, *, skip_zero_advantage
         record["meter"] = [None if r is None else r.to_json() for r in readings.get(k, [None] * steps)]
         out.append(record)
     return out
-
-
-def wrap_for_scoring(meter: Meter, cache_path: str | None) -> Meter:
-    """Dedup + persistent cache for meters that read prefix by prefix (a one-pass meter needs neither)."""
-    if hasattr(meter, "score_trajectories"):
-        return meter
-    from deltattg.meter.cache import ScoreCache
-    from deltattg.meter.endpoint import EndpointMeter
-
-    # An endpoint's invalid reading may be a timeout: never cache it. In-process greedy answers repeat: cache them.
-    return CachedMeter(meter, ScoreCache(cache_path) if cache_path else None,
-                       cache_invalid=not isinstance(meter, EndpointMeter))
 
 
 # ---- eval-steps ---------------------------------------------------------------------------------------------------
@@ -165,7 +153,7 @@ def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, 
     pairs_by_dataset: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
     for start in tqdm(range(0, len(labelled), 16), desc="eval-steps", unit="chunk", disable=not progress):
         batch = labelled[start : start + 16]
-        states = read_trajectory_states(meter, [_messages(item) for item in batch], terminal=True)
+        states, _ = read_states(meter, [_messages(item) for item in batch], terminal=True)
         for item, readings in zip(batch, states):
             judged = step_judgements(readings, failure_cost)
             labels = labelled_steps(item.trajectory.messages or [], item.trajectory.extra["step_labels"])

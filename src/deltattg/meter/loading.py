@@ -1,14 +1,24 @@
-"""One factory for every kind of meter a user can point at: a saved folder (its ``meter_config.json`` says which
-kind), a bare HF model id/path/spec (an untrained generative meter: E.4's "− meter training" row), or an
-OpenAI-compatible endpoint URL."""
+"""One home for getting a meter and for reading the decision states of whole trajectories with it.
+
+``load_meter`` accepts a saved folder (its ``meter_config.json`` says which kind), a bare HF model id/path/spec (an
+untrained generative meter: E.4's "− meter training" row) or an OpenAI-compatible endpoint URL. Meters that read
+prefix by prefix come wrapped in a deduplicating, failure-containing ``CachedMeter`` (optionally with a persistent
+SQLite cache); the regression meter reads every state of a trajectory in one pass and needs neither.
+
+``read_states`` is Algorithm 1's lines 9–10: the decision states of the queried trajectories, in one batched call.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltattg.meter.base import Meter
+from deltattg.data.trajectory import MeterOutput, assistant_indices
+from deltattg.meter.base import CachedMeter, Meter
+from deltattg.meter.prompt import prefix_hash
 
 CONFIG_NAME = "meter_config.json"
 
@@ -21,44 +31,78 @@ def meter_kind(path: str | Path) -> str | None:
     return json.loads(config.read_text()).get("kind")
 
 
-def load_meter(spec: str, *, endpoint_model: str | None = None, **settings: Any) -> Meter:
-    """A meter from a folder, a model spec or ``http(s)://`` endpoint (then ``endpoint_model`` names the served model)."""
+def load_meter(
+    spec: str | Path,
+    *,
+    endpoint_model: str | None = None,
+    device: Any = "cpu",
+    readout: str = "answer",
+    cache: str | Path | None = None,
+) -> Meter:
+    """A ready-to-read meter from a folder, a model spec or an ``http(s)://`` endpoint (``endpoint_model`` names
+    the served model); ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file."""
+    from deltattg.meter.cache import ScoreCache
+
+    spec = str(spec)
+    store = ScoreCache(cache) if cache else None
     if spec.startswith(("http://", "https://")):
         from deltattg.meter.endpoint import EndpointMeter
 
         if not endpoint_model:
             raise ValueError("an endpoint meter needs the served model's name (--meter-model)")
-        return EndpointMeter(spec, endpoint_model, **settings)
+        # An endpoint's invalid reading may be a timeout: never cache it.
+        return CachedMeter(EndpointMeter(spec, endpoint_model), store, cache_invalid=False)
     kind = meter_kind(spec)
     if kind == "regression":
         from deltattg.meter.regression import RegressionMeter
 
-        return RegressionMeter.from_pretrained(spec)
+        return RegressionMeter.from_pretrained(spec).to(device).eval()
     if kind in ("generative", None):
         from deltattg.meter.generative import GenerativeMeter
 
-        return GenerativeMeter.from_pretrained(spec, **settings)
-    raise ValueError(f"{spec}: unknown meter kind {kind!r} in {CONFIG_NAME}")
+        # Greedy in-process answers repeat, invalid ones included: cache them too.
+        return CachedMeter(GenerativeMeter.from_pretrained(spec, device=device, readout=readout), store, cache_invalid=True)
+    raise ValueError(f"{spec}: unknown meter kind {kind!r} in {CONFIG_NAME} (expected regression or generative)")
 
 
-def read_trajectory_states(meter: Meter, trajectories: list[list[dict]], *, terminal: bool = True) -> list[list[Any]]:
-    """Readings of every decision state of each trajectory (t = 0..T−1, plus t = T when ``terminal``).
+@dataclass
+class ReadStats:
+    trajectories: int = 0  # trajectories queried
+    states: int = 0  # their decision states
+    sent: int = 0  # distinct items sent to the meter: trajectories (one-pass meters) or prefixes
+    invalid: int = 0  # invalid readings among the queried states
 
-    Meters that read a whole trajectory in one pass (``score_trajectories``) do so; others get the prefixes,
-    deduplicated, in one batched ``score`` call.
+
+def state_prefixes(messages: list[dict], terminal: bool) -> list[list[dict]]:
+    """h_0..h_{T−1} (and h_T with ``terminal``)."""
+    cuts = assistant_indices(messages) + ([len(messages)] if terminal else [])
+    return [messages[:k] for k in cuts]
+
+
+def read_states(
+    meter: Meter, trajectories: Sequence[list[dict]], queried: Sequence[bool] | None = None, *, terminal: bool = False
+) -> tuple[list[list[MeterOutput | None]], ReadStats]:
+    """Readings of the decision states of every queried trajectory (all ``None`` for the others), in ONE meter call.
+
+    A meter with ``score_trajectories`` reads all states of a trajectory in one pass (identical trajectories sent
+    once); any other ``Meter`` gets the distinct decision prefixes.
     """
-    from deltattg.data.trajectory import assistant_indices
-
-    if hasattr(meter, "score_trajectories"):
-        readings = meter.score_trajectories(trajectories)
-        return [r if terminal else r[:-1] for r in readings]
-    prefixes = []
-    for messages in trajectories:
-        cuts = assistant_indices(messages) + ([len(messages)] if terminal else [])
-        prefixes.append([messages[:k] for k in cuts])
-    flat = meter.score([p for ps in prefixes for p in ps])
-    out, k = [], 0
-    for ps in prefixes:
-        out.append(flat[k : k + len(ps)])
-        k += len(ps)
-    return out
+    queried = [True] * len(trajectories) if queried is None else list(queried)
+    prefixes = [state_prefixes(list(m), terminal) for m in trajectories]
+    chosen = [i for i, ask in enumerate(queried) if ask]
+    stats = ReadStats(trajectories=len(chosen), states=sum(len(prefixes[i]) for i in chosen))
+    readings: dict[int, list[MeterOutput | None]] = {}
+    if chosen and hasattr(meter, "score_trajectories"):
+        distinct = {prefix_hash(trajectories[i]): trajectories[i] for i in chosen}
+        stats.sent = len(distinct)
+        scored = dict(zip(distinct, meter.score_trajectories(list(distinct.values()))))
+        for i in chosen:
+            readings[i] = list(scored[prefix_hash(trajectories[i])][: len(prefixes[i])])
+    elif chosen:
+        distinct = {prefix_hash(h): h for i in chosen for h in prefixes[i]}
+        stats.sent = len(distinct)
+        scored = dict(zip(distinct, meter.score(list(distinct.values()))))
+        for i in chosen:
+            readings[i] = [scored[prefix_hash(h)] for h in prefixes[i]]
+    stats.invalid = sum(r is None for row in readings.values() for r in row)
+    return [readings.get(i, [None] * len(p)) for i, p in enumerate(prefixes)], stats

@@ -1,0 +1,3 @@
+from deltattg.train.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""``deltattg train``: the trainer from the command line (``add_train_parser`` plugs it into ``deltattg``'s parser;
+``python -m deltattg.train`` runs it on its own)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from deltattg.cli import EXIT_BAD_INPUT, UsageError
+from deltattg.train.config import PRESETS
+
+EPILOG = """\
+examples:
+  deltattg train --preset household-tiny --out runs/grpo
+  deltattg train --preset household-tiny --method deltattg --meter runs/meter --set optim.lr=3e-4 --set run.steps=50
+  deltattg train --config my.yaml --set rollout.group_size=4
+  deltattg train --out runs/grpo --resume              # continue a killed run from its latest checkpoint
+  deltattg train --preset alfworld --meter METER_DIR --print-config
+
+Settings (section.key): actor (model, tiny_*, lora_*, dtype, device), env (name, size, options, data_dir, train_split,
+eval_split), rollout (batch_size, group_size, max_turns, max_new_tokens, temperature, top_p, ...), algo (method,
+dynamic_sampling, min_group_std, max_gen_batches), credit (rho, cap, failure_cost, ...), loss (clip_low, clip_high,
+dual_clip, kl_coef, kl_estimator, entropy_coef), optim (lr, weight_decay, max_grad_norm, mini_batch_size,
+micro_batch_size), meter (path), eval (every, num_tasks, greedy, sampled, at_start), run (out, steps, seed, save_every,
+tensorboard, progress, threads). Print a preset with --print-config to see them all.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="named settings: Table 4's alfworld, papersearchqa, "
+                        "awm (Qwen3-4B column) or the CPU preset household-tiny")  # fmt: skip
+    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (over the preset)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one setting (repeatable; last wins), e.g. --set optim.lr=1e-5")  # fmt: skip
+    parser.add_argument(
+        "--method", help="shortcut for --set algo.method=M: grpo, dapo, deltattg, pos, rho0, feas, logit, value"
+    )
+    parser.add_argument("--meter", metavar="DIR", help="shortcut for --set meter.path=DIR (the frozen progress meter)")
+    parser.add_argument(
+        "--out", metavar="DIR", help="shortcut for --set run.out=DIR (config.yaml, metrics.jsonl, checkpoints/)"
+    )
+    parser.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+                        help="continue from a checkpoint folder, or (no value) from the run's latest one; without "
+                        "--preset/--config the run's own config.yaml is used")  # fmt: skip
+    parser.add_argument("--print-config", action="store_true", help="print the resolved configuration as YAML and exit")
+    parser.set_defaults(func=cmd_train)
+
+
+def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train",
+        help="train an actor with GRPO, DAPO or DeltaTTG (one machine, CPU or one GPU)",
+        description="RL of a multi-turn agent: each step samples tasks, G rollouts per task, computes advantages with "
+        "the chosen estimator (the DeltaTTG family reads a frozen progress meter on the decision states of A != 0 "
+        "trajectories), and runs one PPO epoch (clip, dual clip, token-mean, KL to the initial actor, entropy). "
+        "Writes config.yaml, metrics.jsonl and checkpoints under run.out; a killed run resumes exactly.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    shortcuts = {"algo.method": args.method, "meter.path": args.meter, "run.out": args.out}
+    return [f"{key}={value}" for key, value in shortcuts.items() if value is not None] + list(args.set)
+
+
+def run_config_path(args: argparse.Namespace) -> Path:
+    """Where a resumed run's own ``config.yaml`` is: in ``--out``, or two levels above ``--resume CHECKPOINT``."""
+    if args.out:
+        return Path(args.out) / "config.yaml"
+    if args.resume != "latest":
+        return Path(args.resume).resolve().parent.parent / "config.yaml"
+    raise ValueError("--resume without a checkpoint folder needs --out (the run to continue)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Resolve the configuration, then train (bad settings, a missing meter or checkpoint: a usage error, exit 2)."""
+    from deltattg.train.config import dump, load, resolve
+    from deltattg.train.trainer import train
+
+    overrides = overrides_of(args)
+    try:
+        if args.resume and not (args.preset or args.config):
+            config = load(run_config_path(args), overrides)
+        else:
+            config = resolve(args.preset, args.config, overrides)
+        if args.print_config:
+            print(dump(config), end="")
+            return 0
+        records = train(config, resume=args.resume)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    print(summary(records, config.run.out), file=sys.stderr)
+    return 0
+
+
+def summary(records: Sequence[dict], out: str) -> str:
+    """The last step's numbers and the mean time split, in a few lines."""
+    steps = [r for r in records if r.get("step", 0) > 0]
+    if not steps:
+        return f"no training steps run; outputs in {out}"
+    last = steps[-1]
+    evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+    lines = [f"trained {last['step']} steps; outputs in {out}",
+             f"  last step: success {last['rollout/success']:.3f}, reward {last['rollout/reward']:.3f}, "
+             f"cumulative response tokens {last['cumulative_response_tokens']}"]  # fmt: skip
+    if evals:
+        lines.append(
+            "  last eval: " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in evals[-1].items() if k.startswith("eval/"))
+        )
+    phases = ("rollout", "meter", "credit", "update")
+    means = {p: sum(r[f"time/{p}"] for r in steps) / len(steps) for p in phases}
+    lines.append("  seconds per step: " + ", ".join(f"{p} {means[p]:.2f}" for p in phases)
+                 + f"; meter share {means['meter'] / max(sum(means.values()), 1e-12):.1%}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="deltattg train", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        parser.exit(EXIT_BAD_INPUT, f"deltattg train: error: {exc}\n")

@@ -1,0 +1,355 @@
+"""Actor training on one machine (CPU or one GPU): GRPO, DAPO and DeltaTTG with its ablations in ONE loop.
+
+Each step is Algorithm 1 (Appendix D.6), with verl-agent's data layout (one row per step):
+
+    rollouts (lines 4–5)  ->  A_i, step-expanded group statistics (line 6, Eq. 14)
+    ->  frozen meter on the decision states of A_i ≠ 0 trajectories, one call (lines 9–10)
+    ->  credit by the chosen estimator: Ã_{i,t} = A_i · w_{i,t} (lines 11–32, Eq. 7–11)
+    ->  θ_old log-probs recomputed, π_ref log-probs, one PPO epoch over mini-batches (line 34, Eq. 15–18 + KL + entropy)
+
+``train(config)`` runs it; ``train(config, resume=...)`` continues a killed run exactly where its checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from deltattg.credit import Credit, Fallback, get_estimator
+from deltattg.credit.deltattg import required_reading
+from deltattg.credit.grpo import outcome_advantage
+from deltattg.credit.layouts import meter_readings, step_batch
+from deltattg.data.trajectory import Trajectory
+from deltattg.envs.base import Environment, Task
+from deltattg.loss import LossConfig, policy_loss
+from deltattg.rollout.engine import run_episodes
+from deltattg.rollout.policies import LMPolicy, SamplingConfig
+from deltattg.rollout.prompts import PromptConfig
+from deltattg.train import config as config_io
+from deltattg.train.actor import TINY, Reference, demonstrations, load_actor, torch_device
+from deltattg.train.checkpoint import (
+    ACTOR,
+    MetricsLog,
+    discard_checkpoints_after,
+    latest_checkpoint,
+    load_optimizer,
+    load_state,
+    prune_checkpoints,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
+from deltattg.train.config import OptimConfig, RolloutConfig, TrainConfig, needs_meter
+from deltattg.meter.loading import load_meter, read_states
+from deltattg.train.meter import check_reading, readout_for, with_outcome_scores
+from deltattg.train.rollouts import RolloutBatch, TaskSampler, collect, env_factory
+from deltattg.train.rows import Row, chunks, collate, pad_responses, response_logprobs, rows_logprobs, step_rows
+
+
+# ---- the PPO update (Appendix D.5) -----------------------------------------------------------------------------------
+def ppo_update(
+    actor: Any,
+    optimizer: torch.optim.Optimizer,
+    rows: Sequence[Row],
+    advantages: Tensor,
+    old_logprobs: Sequence[Tensor],
+    ref_logprobs: Sequence[Tensor] | None,
+    loss_config: LossConfig,
+    optim: OptimConfig,
+    temperature: float,
+    pad_id: int,
+) -> dict[str, float]:
+    """One epoch over the rows in shuffled mini-batches, one optimizer step each. A mini-batch's loss is the token-mean
+    over all its response tokens (Eq. 18): micro-batches are weighted by their share of its tokens. Returns the
+    token-weighted means of ``policy_loss``'s metrics, the mean gradient norm (before clipping) and the step count."""
+    device = next(actor.parameters()).device
+    params = [p for p in actor.parameters() if p.requires_grad]
+    totals: dict[str, float] = defaultdict(float)
+    tokens_seen, grad_norms = 0, []
+    actor.train()
+    for mini in chunks(torch.randperm(len(rows)).tolist(), optim.mini_batch_size):
+        mini_tokens = sum(len(rows[k].response) for k in mini)
+        optimizer.zero_grad(set_to_none=True)
+        for micro in chunks(mini, optim.micro_batch_size):
+            batch = collate([rows[k] for k in micro], pad_id, device)
+            width = batch.response_length
+            logprobs, entropy = response_logprobs(actor, batch, temperature, entropy_grad=loss_config.entropy_coef > 0)
+            old = pad_responses([old_logprobs[k] for k in micro], width).to(device)
+            ref = None if ref_logprobs is None else pad_responses([ref_logprobs[k] for k in micro], width).to(device)
+            token_advantages = advantages[micro].to(device)[:, None] * batch.response_mask  # Ã_{i,t,k} = A_i w_{i,t}
+            loss, metrics = policy_loss(
+                logprobs, old, token_advantages, batch.response_mask, loss_config, ref_logprobs=ref, entropy=entropy
+            )
+            micro_tokens = sum(len(rows[k].response) for k in micro)
+            (loss * (micro_tokens / mini_tokens)).backward()
+            for key, value in metrics.items():
+                totals[key] += value * micro_tokens
+            tokens_seen += micro_tokens
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm).item())
+        optimizer.step()
+    out = {key: value / max(tokens_seen, 1) for key, value in totals.items()}
+    out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+    out["optimizer_steps"] = len(grad_norms)
+    return out
+
+
+# ---- credit ------------------------------------------------------------------------------------------------------------
+def row_advantages(credit: Credit, rows: Sequence[Row]) -> Tensor:
+    """Ã_{i,t} of the step each row holds (every response token of the row gets it, Eq. 11)."""
+    return credit.step_advantages[[r.traj for r in rows], [r.step for r in rows]]
+
+
+def fallback_counts(credit: Credit) -> dict[str, int]:
+    """How many trajectories each Algorithm 1 rule applied to (``credit/redistributed``, ``credit/zero_mass``, ...)."""
+    return {f"credit/{f.name.lower()}": int((credit.fallback == f).sum()) for f in Fallback}
+
+
+# ---- evaluation and accounting -------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def isolated_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Sample with a fixed seed without touching the training RNG streams (evaluation never changes training)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def evaluate(
+    actor: Any,
+    tokenizer: Any,
+    make_env: Callable[[], Environment],
+    tasks: Sequence[Task],
+    rollout: RolloutConfig,
+    prompt: PromptConfig,
+    modes: dict[str, float],
+    seed: int,
+) -> dict[str, float]:
+    """Success rate and mean turns on held-out ``tasks``, one episode each, per decoding mode (name -> temperature)."""
+    out = {}
+    actor.eval()
+    with isolated_rng(seed, next(actor.parameters()).device):
+        for mode, temperature in modes.items():
+            policy = LMPolicy(actor, tokenizer, sampling_config(rollout, temperature), prompt, name=f"eval-{mode}")
+            trajectories = run_episodes(make_env, tasks, policy, max_turns=rollout.max_turns)
+            out[f"eval/{mode}_success"] = mean([t.success for t in trajectories])
+            out[f"eval/{mode}_turns"] = mean([t.num_steps for t in trajectories])
+    return out
+
+
+def mean(values: Sequence[float | bool]) -> float:
+    return float(sum(values)) / len(values) if values else 0.0
+
+
+def sampling_config(rollout: RolloutConfig, temperature: float) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=temperature,
+        top_p=rollout.top_p,
+        max_new_tokens=rollout.max_new_tokens,
+        batch_size=rollout.generation_batch_size,
+        max_prompt_tokens=rollout.max_prompt_tokens,
+    )
+
+
+def rollout_metrics(batch: RolloutBatch, dynamic_sampling: bool) -> dict[str, float]:
+    generated, kept = batch.generated, batch.trajectories
+    out = {
+        "rollout/success": mean([t.success for t in generated]),
+        "rollout/reward": mean([t.reward for t in generated]),
+        "rollout/turns": mean([t.num_steps for t in generated]),
+        "rollout/trajectories": len(generated),
+        "rollout/response_tokens": batch.generated_tokens,
+        "train/trajectories": len(kept),
+        "train/success": mean([t.success for t in kept]),
+    }
+    if dynamic_sampling:
+        out["dapo/gen_batches"] = batch.gen_batches
+        out["dapo/kept_groups"] = len(kept) // batch.group_size
+    return out
+
+
+class PhaseTimer:
+    """Wall time per phase of a step (CUDA work is waited for, so the split is honest)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[phase] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        """``time/<phase>``, ``time/step`` and the meter's share of the step (§4.4 counts meter inference)."""
+        total = sum(self.seconds.values())
+        out = {f"time/{phase}": self.seconds.get(phase, 0.0) for phase in ("rollout", "meter", "credit", "update")}
+        return out | {"time/step": total, "meter_share": self.seconds.get("meter", 0.0) / total if total else 0.0}
+
+
+# ---- the loop ----------------------------------------------------------------------------------------------------------
+def resolve_checkpoint(out: Path, resume: str | Path | None) -> Path | None:
+    """``None``: a fresh run; ``"latest"``: the run's newest checkpoint (fresh when there is none); else a folder."""
+    if resume is None:
+        return None
+    if str(resume) == "latest":
+        return latest_checkpoint(out)
+    path = Path(resume)
+    if not (path / ACTOR).is_dir():
+        raise FileNotFoundError(f"{path} is not a checkpoint folder (no {ACTOR}/ inside)")
+    return path
+
+
+def train(config: TrainConfig, *, resume: str | Path | None = None) -> list[dict]:
+    """Train the actor as ``config`` says; write ``config.yaml``, ``metrics.jsonl`` and checkpoints under
+    ``config.run.out``. ``resume``: ``"latest"`` or a checkpoint folder. Returns every metrics record."""
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    out = Path(config.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config_io.save(config, out / "config.yaml")
+    checkpoint = resolve_checkpoint(out, resume)
+    rollout, algo, loss_config = config.rollout, config.algo, config.loss
+
+    # ---- setup: environment, actor, π_ref, frozen meter, optimizer, task sampler ----
+    make_env = env_factory(config.env, rollout.max_turns)
+    env = make_env()
+    prompt = PromptConfig(layout=rollout.prompt_layout, history_window=rollout.history_window)  # type: ignore[arg-type]
+    seed = config.run.seed
+    actor, tokenizer = load_actor(
+        config.actor, env, prompt, rollout.max_turns, seed, checkpoint / ACTOR if checkpoint else None
+    )
+    device = torch_device(config.actor.device)
+    policy = LMPolicy(actor, tokenizer, sampling_config(rollout, rollout.temperature), prompt, name="actor")
+    if config.actor.model == TINY:  # a word-level tokenizer must know every word the actor will read or write
+        demonstrations(policy, make_env, env.tasks(config.env.train_split)[:2], rollout.max_turns)
+    reference = None
+    if loss_config.kl_coef > 0:
+        reference = Reference.build(actor, config.actor, env, prompt, rollout.max_turns, seed)
+    estimator = get_estimator(algo.estimator)
+    meter = None
+    if needs_meter(config):
+        meter = load_meter(config.meter.path, device=device, readout=readout_for(required_reading(algo.estimator)))  # type: ignore[arg-type]
+    optimizer = torch.optim.AdamW(
+        [p for p in actor.parameters() if p.requires_grad], lr=config.optim.lr, weight_decay=config.optim.weight_decay
+    )
+    sampler = TaskSampler(env.tasks(config.env.train_split), seed)
+    eval_tasks = list(env.tasks(config.env.eval_split))[: config.eval.num_tasks or None]
+    eval_modes = {
+        mode: t for mode, t in (("greedy", 0.0), ("sampled", rollout.temperature)) if getattr(config.eval, mode)
+    }
+    pad_id = tokenizer.pad_token_id
+
+    start, generated_tokens, records = 0, 0, []  # generated_tokens: cumulative actor response tokens (Fig. 3 b)
+    if checkpoint is None:
+        seed_everything(seed)
+    else:
+        saved = load_state(checkpoint)
+        load_optimizer(checkpoint, optimizer)
+        sampler.load_state_dict(saved["sampler"])
+        start, generated_tokens, records = saved["step"], saved["generated_tokens"], saved["metrics"]
+        discard_checkpoints_after(out, start)
+        set_rng_state(saved["rng"])  # last: loading models may draw random numbers
+    log = MetricsLog(out, records, config.run.tensorboard)
+
+    def evaluation(step: int) -> dict[str, float]:
+        return evaluate(actor, tokenizer, make_env, eval_tasks, rollout, prompt, eval_modes, seed + step)
+
+    if start == 0 and config.eval.at_start and config.eval.every:
+        log.write({"step": 0, "cumulative_response_tokens": 0} | evaluation(0))
+
+    bar = tqdm(range(start + 1, config.run.steps + 1), initial=start, total=config.run.steps, desc="train",
+               unit="step", disable=not config.run.progress)  # fmt: skip
+    for step in bar:
+        timer = PhaseTimer(device)
+        record: dict[str, Any] = {"step": step}
+
+        # Lines 4–5: sample tasks; G trajectories each with π_θold; terminal rewards R_i (DAPO: dynamic sampling).
+        with timer("rollout"):
+            actor.eval()
+            batch = collect(policy, make_env, sampler, rollout, algo)
+        trajectories = batch.trajectories
+        generated_tokens += batch.generated_tokens
+        record |= rollout_metrics(batch, algo.dynamic_sampling) | {"cumulative_response_tokens": generated_tokens}
+
+        if trajectories:
+            with timer("credit"):
+                steps = step_batch(
+                    [t.reward for t in trajectories],
+                    [t.success for t in trajectories],
+                    batch.group,
+                    [t.step_tokens for t in trajectories],
+                )
+                advantage = outcome_advantage(steps, config.credit)  # line 6: A_i (Eq. 14)
+
+            # Lines 9–10: the frozen meter reads the decision states of the A_i ≠ 0 trajectories, in one call.
+            if meter is not None:
+                with timer("meter"):
+                    readings, scoring = read_states(meter, [t.messages for t in trajectories], (advantage != 0).tolist())
+                reading = required_reading(algo.estimator)
+                if reading == "score":  # E.4 +value: S = σ(logit) where the meter reads no score itself
+                    readings = with_outcome_scores(readings)
+                check_reading(readings, reading, algo.method)
+                steps.meter = meter_readings(readings, steps.step_mask.shape[1])
+                record |= {f"meter/{k}": v for k, v in vars(scoring).items()}
+
+            # Lines 11–32: Ã_{i,t} = A_i · w_{i,t} (Eq. 7–11; GRPO/DAPO: w = 1), one row per step.
+            with timer("credit"):
+                credit = estimator(steps, config.credit)
+                rows = step_rows(trajectories)
+                advantages = row_advantages(credit, rows)
+            record |= fallback_counts(credit) | {
+                "train/rows": len(rows),
+                "train/response_tokens": sum(len(r.response) for r in rows),
+                "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
+                "advantage/abs_mean": advantages.abs().mean().item(),
+            }
+
+            # Line 34: θ_old and π_ref log-probs (recomputed, as verl does), then one PPO epoch (Eq. 15–18, KL, entropy).
+            with timer("update"):
+                actor.eval()
+                old = rows_logprobs(actor, rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
+                ref = None
+                if reference is not None:
+                    ref = reference.logprobs(rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
+                record |= ppo_update(
+                    actor, optimizer, rows, advantages, old, ref, loss_config, config.optim, rollout.temperature, pad_id
+                )
+            record["rollout_logprob_gap"] = logprob_gap(old, trajectories, rows)
+
+        record |= timer.metrics()
+        if config.eval.every and step % config.eval.every == 0:
+            record |= evaluation(step)
+        log.write(record)
+        bar.set_postfix(success=f"{record['rollout/success']:.2f}", loss=f"{record.get('loss', 0.0):.3f}",
+                        s=f"{record['time/step']:.1f}")  # fmt: skip
+        if config.run.save_every and (step % config.run.save_every == 0 or step == config.run.steps):
+            state = {
+                "step": step,
+                "generated_tokens": generated_tokens,
+                "metrics": log.records,
+                "sampler": sampler.state_dict(),
+            }
+            save_checkpoint(out, step, actor, tokenizer, optimizer, state)
+            prune_checkpoints(out, config.run.keep_checkpoints)
+    log.close()
+    return log.records
+
+
+def logprob_gap(old: Sequence[Tensor], trajectories: Sequence[Trajectory], rows: Sequence[Row]) -> float:
+    """Mean |recomputed − sampled| log-prob per token: ~0 unless generation and training forward passes disagree."""
+    gaps = [
+        (o - torch.tensor(trajectories[r.traj].steps[r.step].logprobs)).abs()  # type: ignore[index]
+        for o, r in zip(old, rows)
+        if trajectories[r.traj].steps[r.step].logprobs is not None  # type: ignore[index]
+    ]
+    return torch.cat(gaps).mean().item() if gaps else 0.0

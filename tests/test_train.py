@@ -1,0 +1,360 @@
+"""The trainer on CPU with tiny real models: every estimator trains, resume after a kill continues exactly, DAPO's filter
+drops exactly the zero-variance groups, the meter is asked only about A ≠ 0 trajectories, token-mean is exact.
+
+The actor is a tiny word-level Llama behaviour-cloned on the expert's solutions of two easy household tasks, so its
+sampled rollouts both win and lose (groups with reward variance); the meter is a tiny random ``RegressionMeter``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaModel
+
+from deltattg.data.trajectory import Trajectory
+from deltattg.envs.household import HouseholdConfig, HouseholdEnv
+from deltattg.hf import load_tokenizer
+from deltattg.loss import LossConfig
+from deltattg.meter.base import CachedMeter
+from deltattg.meter.loading import read_states
+from deltattg.meter.regression import RegressionConfig, RegressionMeter
+from deltattg.rollout.engine import run_episodes
+from deltattg.rollout.policies import LMPolicy, NoisyExpertPolicy, SamplingConfig
+from deltattg.rollout.prompts import PromptConfig
+from deltattg.tiny import tiny_llama, word_tokenizer
+from deltattg.train import (
+    behaviour_clone,
+    demonstrations,
+    informative_groups,
+    load,
+    resolve,
+    train,
+)
+from deltattg.train.cli import main as train_main
+from deltattg.train.config import AlgoConfig, OptimConfig, RolloutConfig, dump, with_changes
+from deltattg.train.rollouts import TaskSampler, collect
+from deltattg.train.rows import Row, collate, response_logprobs, rows_logprobs
+from deltattg.train.trainer import ppo_update
+
+EASY = {
+    "n_train": 2,
+    "n_valid_seen": 2,
+    "start_closed": False,
+    "plan_length": [3, 4],
+    "task_types": ["pick_and_place_simple"],
+}
+MAX_TURNS = 6
+METHODS = ["grpo", "dapo", "deltattg", "pos", "rho0", "feas", "logit", "value"]
+TIMING = ("time/", "meter_share")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two torch threads on two busy shared cores run ~30x slower than one (OpenMP oversubscription)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def easy_env() -> HouseholdEnv:
+    return HouseholdEnv(HouseholdConfig.short(**{k: tuple(v) if isinstance(v, list) else v for k, v in EASY.items()}))
+
+
+@pytest.fixture(scope="module")
+def actor_dir(tmp_path_factory) -> Path:
+    """A tiny Llama (h64) cloned on the expert's solutions of the two easy tasks: it wins some sampled rollouts."""
+    env = easy_env()
+    config = resolve("household-tiny", overrides=["actor.tiny_hidden=64", "actor.tiny_heads=2"])
+    from deltattg.train.actor import load_actor
+
+    model, tokenizer = load_actor(config.actor, env, PromptConfig(), MAX_TURNS, seed=0)
+    policy = LMPolicy(model, tokenizer, SamplingConfig(max_new_tokens=10))
+    demos = demonstrations(policy, easy_env, env.tasks("train"), MAX_TURNS)
+    losses = behaviour_clone(model, tokenizer, demos, lr=5e-3, epochs=60, batch_size=32)
+    assert losses[-1] < 0.2 * losses[0]
+    out = tmp_path_factory.mktemp("actor")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def tiny_regression_meter(tokenizer, seed: int = 0) -> RegressionMeter:
+    torch.manual_seed(seed)
+    backbone = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096))  # fmt: skip
+    return RegressionMeter(
+        backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=4096, head_hidden=16)
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def meter_dir(tmp_path_factory, actor_dir) -> Path:
+    out = tmp_path_factory.mktemp("meter")
+    tiny_regression_meter(load_tokenizer(str(actor_dir))).save_pretrained(out)
+    return out
+
+
+def small_config(out: Path, actor: Path, method: str, meter: Path | None, *extra: str):
+    overrides = [
+        f"actor.model={actor}", f"env.options={json.dumps(EASY)}", f"algo.method={method}",
+        "rollout.batch_size=2", "rollout.group_size=4", f"rollout.max_turns={MAX_TURNS}", "rollout.max_new_tokens=10",
+        "optim.lr=1e-3", "optim.mini_batch_size=24", "optim.micro_batch_size=16",
+        "eval.every=2", "eval.num_tasks=2", "run.steps=2", "run.save_every=2", f"run.out={out}", "run.progress=false",
+        "run.threads=1", "credit.failure_cost=256", *([f"meter.path={meter}"] if meter else []), *extra,
+    ]  # fmt: skip
+    return resolve("household-tiny", overrides=overrides)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def without_timing(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(TIMING)}
+
+
+# ---- a 2-step run of every estimator ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_two_steps_of_each_method_train_and_log(tmp_path, actor_dir, meter_dir, method):
+    config = small_config(tmp_path / "run", actor_dir, method, meter_dir if method not in ("grpo", "dapo") else None)
+    records = train(config)
+
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == records
+    assert load(tmp_path / "run" / "config.yaml") == config
+    before, after = weights(actor_dir), weights(tmp_path / "run" / "checkpoints" / "step-2" / "actor")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    for r in records[1:]:
+        assert r["rollout_logprob_gap"] < 1e-4  # the update's θ_old equals the sampling policy
+        assert r["train/rows"] > 0 and r["optimizer_steps"] >= 1 and "eval/greedy_success" in records[0]
+        assert r["cumulative_response_tokens"] == sum(q["rollout/response_tokens"] for q in records[1 : r["step"] + 1])
+        assert sum(v for k, v in r.items() if k.startswith("credit/")) == r["train/trajectories"]
+        assert 0.0 <= r["meter_share"] < 1.0
+    assert any(r["advantage/nonzero_trajectories"] > 0 for r in records[1:]), "no reward variance: the test is vacuous"
+    if method == "dapo":
+        assert all(r["dapo/kept_groups"] <= 2 and 1 <= r["dapo/gen_batches"] <= 10 for r in records[1:])
+        assert config.loss.kl_coef == 0.0 and "kl" not in records[1]
+    elif method == "grpo":
+        assert all(r["credit/outcome_only"] == r["advantage/nonzero_trajectories"] for r in records[1:])
+    else:  # only the A ≠ 0 trajectories were read; every reading counted
+        for r in records[1:]:
+            assert r["meter/trajectories"] == r["advantage/nonzero_trajectories"]
+            assert r["meter/invalid"] == 0 and r["credit/invalid_group"] == 0
+        assert sum(r["credit/redistributed"] + r["credit/zero_mass"] for r in records[1:]) > 0
+
+
+# ---- resume after a kill ---------------------------------------------------------------------------------------------
+def logged_steps(out: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_continues_exactly(tmp_path, actor_dir, meter_dir):
+    straight = train(small_config(tmp_path / "a", actor_dir, "deltattg", meter_dir, "run.steps=4"))
+    b = tmp_path / "b"
+    first = train(small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=2", "run.keep_checkpoints=1"))  # dies
+    resumed = train(
+        small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=4", "run.keep_checkpoints=1"), resume="latest"
+    )
+    assert [without_timing(r) for r in first] == [without_timing(r) for r in straight[:3]]
+    assert [without_timing(r) for r in resumed] == [without_timing(r) for r in straight]
+    assert logged_steps(b) == [0, 1, 2, 3, 4]
+    assert [p.name for p in (b / "checkpoints").iterdir()] == ["step-4"]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_continues_exactly(tmp_path, actor_dir, meter_dir):
+    straight = train(small_config(tmp_path / "a", actor_dir, "deltattg", meter_dir, "run.steps=4"))
+    b = tmp_path / "b"
+    config = small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=4")
+    (tmp_path / "b.yaml").write_text(dump(config))
+    command = [sys.executable, "-m", "deltattg.train", "--config", str(tmp_path / "b.yaml")]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    step2 = b / "checkpoints" / "step-2"
+    deadline = time.monotonic() + 300
+    while not step2.is_dir() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the run ended before the kill: nothing was interrupted"
+    resumed = train(config, resume=step2)
+    assert [without_timing(r) for r in resumed[3:]] == [without_timing(r) for r in straight[3:]]
+    assert logged_steps(b) == [0, 1, 2, 3, 4]
+    assert sorted(p.name for p in (b / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+# ---- DAPO's dynamic sampling -----------------------------------------------------------------------------------------
+def test_dapo_filter_drops_exactly_the_zero_variance_groups():
+    rewards = [
+        [1, 1, 1, 1],
+        [0, 0, 0, 0],
+        [1, 0, 0, 0],
+        [0.5, 0.5, 0.5, 0.5 + 1e-5],
+        [0.2, 0.2, 0.2, 0.2 + 5e-4],
+        [0.3],
+    ]
+    reward = torch.tensor([r for group in rewards for r in group], dtype=torch.float64)
+    group = torch.tensor([g for g, rs in enumerate(rewards) for _ in rs])
+    assert informative_groups(reward, group, 1e-4).tolist() == [False, False, True, False, True, False]
+
+
+def test_dynamic_sampling_keeps_only_informative_groups_and_stops():
+    env = HouseholdEnv(HouseholdConfig.short())
+    rollout = RolloutConfig(batch_size=3, group_size=4, max_turns=8)
+    algo = AlgoConfig(method="dapo", dynamic_sampling=True, max_gen_batches=4)
+    sampler = TaskSampler(env.tasks("train"), 0)
+    batch = collect(NoisyExpertPolicy(0.6, seed=0), lambda: HouseholdEnv(env.config), sampler, rollout, algo)
+    groups = [batch.trajectories[k : k + 4] for k in range(0, len(batch.trajectories), 4)]
+    assert 1 <= len(groups) <= 3 and batch.gen_batches <= 4
+    assert all(len({t.reward for t in g}) > 1 for g in groups)
+    assert len(batch.generated) == 12 * batch.gen_batches
+    if len(groups) < 3:
+        assert batch.gen_batches == 4
+
+
+# ---- the meter is asked only about A ≠ 0 trajectories ----------------------------------------------------------------
+class CountingMeter(RegressionMeter):
+    """A real regression meter that remembers what it was asked to read."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: list[list[dict]] = []
+
+    def score_trajectories(self, trajectories):
+        self.asked += [list(t) for t in trajectories]
+        return super().score_trajectories(trajectories)
+
+
+def expert_trajectories(n_tasks: int = 3, group: int = 3) -> list[Trajectory]:
+    env = HouseholdEnv(HouseholdConfig.short())
+    return run_episodes(lambda: HouseholdEnv(env.config), env.tasks("train")[:n_tasks], NoisyExpertPolicy(0.5, seed=3),
+                        group_size=group, max_turns=6)  # fmt: skip
+
+
+def test_meter_reads_only_queried_trajectories_in_one_call(actor_dir):
+    trajectories = expert_trajectories()
+    trajectories.append(trajectories[0])  # an identical trajectory is read once
+    queried = [k % 2 == 0 for k in range(len(trajectories))]
+    base = tiny_regression_meter(load_tokenizer(str(actor_dir)))
+    meter = CountingMeter(base.backbone, base.tokenizer, base.config, base.head).eval()
+    readings, stats = read_states(meter, [t.messages for t in trajectories], queried)
+    distinct = {json.dumps(t.messages) for t, q in zip(trajectories, queried) if q}
+    assert sorted(json.dumps(m) for m in meter.asked) == sorted(distinct)
+    assert stats.trajectories == sum(queried) and stats.sent == len(distinct)
+    assert stats.states == sum(t.num_steps for t, q in zip(trajectories, queried) if q)
+    for t, q, row in zip(trajectories, queried, readings):
+        assert len(row) == t.num_steps and all((r is not None) == q for r in row)
+
+    # The Meter protocol path (no single-pass method): one call with the distinct decision prefixes only.
+    cached = CachedMeter(base)
+    protocol_readings, protocol_stats = read_states(cached, [t.messages for t in trajectories], queried)
+    prefixes = {json.dumps(h) for t, q in zip(trajectories, queried) if q for h in t.prefixes()}
+    assert cached.stats.requested == len(prefixes) == protocol_stats.sent
+    assert [[r is None for r in row] for row in protocol_readings] == [[r is None for r in row] for row in readings]
+    first = next(k for k, q in enumerate(queried) if q)
+    assert [r.logit for r in protocol_readings[first]] == pytest.approx([r.logit for r in readings[first]], abs=1e-4)
+
+
+# ---- rows, log-probs and the update ----------------------------------------------------------------------------------
+def test_padded_rows_give_the_unpadded_logprobs():
+    tokenizer = word_tokenizer("a b c d e f".split())
+    model = tiny_llama(tokenizer, hidden=32, layers=1, heads=2).eval()
+    rows = [Row([5, 6, 7, 8, 9], [10, 11], 0, 0), Row([5, 6], [7, 8, 9, 10], 0, 1), Row([7], [5], 1, 0)]
+    batched = rows_logprobs(model, rows, tokenizer.pad_token_id, temperature=0.7, micro_batch_size=3)
+    for row, got in zip(rows, batched):
+        with torch.no_grad():
+            logits = model(torch.tensor([row.prompt + row.response])).logits[0, len(row.prompt) - 1 : -1] / 0.7
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(row.response)[:, None])[:, 0]
+        assert got.tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    logprobs, entropy = response_logprobs(model, collate(rows, tokenizer.pad_token_id), 1.0, entropy_grad=False)
+    assert logprobs.shape == entropy.shape == (3, 4) and (entropy[0, 2:] == 0).all() and (entropy[0, :2] > 0).all()
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_micro_batches_give_the_mini_batch_token_mean(micro):
+    """Gradient accumulation over micro-batches equals one pass over the whole mini-batch (token-mean, Eq. 18)."""
+    tokenizer = word_tokenizer("a b c d e f".split())
+    rows = [Row([5, 6, 7], [8, 9, 10, 11], 0, 0), Row([5], [7], 1, 0), Row([6, 7], [8, 9], 1, 1)]
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    results = []
+    for micro_batch in (micro, len(rows)):
+        model = tiny_llama(tokenizer, hidden=32, layers=1, heads=2, seed=1)
+        old = [lp + 0.05 for lp in rows_logprobs(model, rows, tokenizer.pad_token_id, 1.0, 8)]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(0)
+        metrics = ppo_update(model, optimizer, rows, advantages, old, None, LossConfig(entropy_coef=0.01),
+                             OptimConfig(mini_batch_size=8, micro_batch_size=micro_batch), 1.0, tokenizer.pad_token_id)  # fmt: skip
+        results.append((metrics, [p.detach().clone() for p in model.parameters()]))
+    (m_micro, w_micro), (m_full, w_full) = results
+    assert m_micro["loss"] == pytest.approx(m_full["loss"], rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w_micro, w_full))
+
+
+# ---- LoRA, configuration, CLI, vocabulary check ------------------------------------------------------------------------
+def test_lora_trains_adapters_only_and_kl_uses_the_base(tmp_path, actor_dir):
+    lora = ("actor.lora_rank=4", "loss.kl_coef=0.1", "eval.every=0")
+    config = small_config(tmp_path / "run", actor_dir, "grpo", None, *lora)
+    records = train(config)
+    assert records[-1]["step"] == 2 and records[-1]["kl"] > 0.0  # π_ref is the base, not the adapted actor
+    adapter = load_file(str(tmp_path / "run" / "checkpoints" / "step-2" / "actor" / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapter.items())  # B starts at 0
+    resumed = train(with_changes(config, run={"steps": 3}), resume="latest")
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+
+
+def test_presets_are_table_4():
+    expected = {  # batch, G, max turns, max tokens per turn, KL, entropy, C
+        "alfworld": (16, 8, 50, 1024, 0.01, 0.001, 16384),
+        "papersearchqa": (512, 5, 6, 1024, 0.001, 0.0, 6144),
+        "awm": (16, 16, 20, 2048, 0.001, 0.0, 16384),
+    }
+    for name, values in expected.items():
+        c = resolve(name, overrides=["meter.path=/meter"])
+        r = c.rollout
+        assert (r.batch_size, r.group_size, r.max_turns, r.max_new_tokens) == values[:4]
+        assert (c.loss.kl_coef, c.loss.entropy_coef, c.credit.failure_cost) == values[4:]
+        assert (c.optim.lr, r.temperature, r.top_p, c.loss.clip_low, c.loss.clip_high) == (1e-6, 1.0, 1.0, 0.2, 0.28)
+        assert (c.loss.dual_clip, c.credit.rho, c.credit.cap, c.loss.kl_estimator) == (3.0, 0.2, 5.0, "k3")
+
+
+def test_overrides_are_typed_and_method_defaults_sit_below_them(tmp_path):
+    c = resolve("alfworld", overrides=["algo.method=dapo", "optim.lr=1e-5", "rollout.max_prompt_tokens=none",
+                                       "actor.lora_targets=[q_proj, k_proj]", "eval.greedy=false"])  # fmt: skip
+    assert c.algo.dynamic_sampling and c.algo.estimator == "grpo" and c.loss.kl_coef == 0.0
+    assert c.optim.lr == 1e-5 and c.rollout.max_prompt_tokens is None and c.actor.lora_targets == ("q_proj", "k_proj")
+    assert c.eval.greedy is False
+    assert resolve("alfworld", overrides=["algo.method=dapo", "loss.kl_coef=0.05"]).loss.kl_coef == 0.05
+    (tmp_path / "c.yaml").write_text(dump(c))
+    assert load(tmp_path / "c.yaml") == c and resolve(file=tmp_path / "c.yaml") == c
+    for bad, message in [("optim.lrr=1", "unknown setting"), ("optim.lr=fast", "expected float"),
+                         ("algo.method=ppo", "unknown"), ("credit.failure_cost=none", "failure_cost")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            resolve("alfworld", overrides=["meter.path=/m", bad])
+    with pytest.raises(ValueError, match="meter.path"):
+        resolve("alfworld")
+
+
+def test_cli_prints_config_and_reports_bad_settings(capsys):
+    assert train_main(["--preset", "household-tiny", "--method", "dapo", "--set", "run.steps=7", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "method: dapo" in printed and "steps: 7" in printed and "kl_coef: 0.0" in printed
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--preset", "household-tiny", "--method", "deltattg"])
+    assert exit_info.value.code == 2 and "meter.path" in capsys.readouterr().err
+
+
+def test_tokenizer_missing_prompt_words_is_refused():
+    env = easy_env()
+    tokenizer = word_tokenizer(env.vocabulary())  # the environment's words, but not the prompt's ("Admissible", ...)
+    policy = LMPolicy(tiny_llama(tokenizer, hidden=32, layers=1, heads=2), tokenizer, SamplingConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="Admissible"):
+        demonstrations(policy, easy_env, env.tasks("train")[:1], 2)
