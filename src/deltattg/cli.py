@@ -348,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="trajectories of a pool of diverse policies in an environment",
         description="Roll out each --policy for --episodes episodes on the same tasks and pool the trajectories (the "
         "meter's training data, §3.1 / D.1). Policies: expert (planner / walkthrough / ground truth), expert:EPS "
-        "(a random admissible action with probability EPS), random, lm:MODEL (HF id, path or smollm2). Every record "
-        "carries its policy's name.",
+        "(a random admissible action with probability EPS), random, lm:MODEL (HF id, path or smollm2), vllm:MODEL "
+        "(extra [vllm], GPU). Every record carries its policy's name.",
     )
     collect_p.add_argument("--env", required=True, choices=["household", "alfworld", "bfcl"])
     collect_p.add_argument("--policy", action="append", required=True, help="a policy spec; repeat to pool several")

@@ -1,7 +1,8 @@
 """``deltattg collect``: trajectories of a pool of diverse policies (paper §3.1, D.1), in the core JSONL format.
 
 Policy specs: ``expert`` (the environment's planner / walkthrough / ground truth), ``expert:EPS`` (with probability
-EPS a random admissible action instead), ``random``, ``lm:MODEL`` (an HF causal LM: id, path or ``smollm2``).
+EPS a random admissible action instead), ``random``, ``lm:MODEL`` (an HF causal LM: id, path or ``smollm2``),
+``vllm:MODEL`` (the same through a vLLM engine, extra ``[vllm]``, GPU).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from deltattg.rollout.prompts import PromptConfig
 
 @dataclass(frozen=True)
 class PolicySpec:
-    kind: str  # expert | random | lm
+    kind: str  # expert | random | lm | vllm
     epsilon: float = 0.0
     model: str | None = None
 
@@ -28,7 +29,7 @@ class PolicySpec:
     def name(self) -> str:
         if self.kind == "expert":
             return f"expert-eps{self.epsilon:g}"
-        return f"lm:{self.model}" if self.kind == "lm" else self.kind
+        return f"{self.kind}:{self.model}" if self.kind in ("lm", "vllm") else self.kind
 
 
 def parse_policy(spec: str) -> PolicySpec:
@@ -41,9 +42,9 @@ def parse_policy(spec: str) -> PolicySpec:
         return PolicySpec("expert", epsilon)
     if kind == "random" and not arg:
         return PolicySpec("random")
-    if kind == "lm" and arg:
-        return PolicySpec("lm", model=arg)
-    raise ValueError(f"unknown policy {spec!r}: use expert, expert:EPS, random or lm:MODEL")
+    if kind in ("lm", "vllm") and arg:
+        return PolicySpec(kind, model=arg)
+    raise ValueError(f"unknown policy {spec!r}: use expert, expert:EPS, random, lm:MODEL or vllm:MODEL")
 
 
 def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig, prompt: PromptConfig = PromptConfig()) -> Policy:
@@ -51,9 +52,13 @@ def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig, prompt: 
         return NoisyExpertPolicy(spec.epsilon, seed=seed, name=spec.name)
     if spec.kind == "random":
         return RandomPolicy(seed=seed, name=spec.name)
+    assert spec.model is not None
+    if spec.kind == "vllm":
+        from deltattg.rollout.vllm import VLLMPolicy
+
+        return VLLMPolicy(spec.model, sampling, prompt, name=spec.name)
     from deltattg.hf import load_causal_lm, load_tokenizer
 
-    assert spec.model is not None
     return LMPolicy(load_causal_lm(spec.model).eval(), load_tokenizer(spec.model), sampling, prompt, name=spec.name)
 
 

@@ -59,27 +59,15 @@ class SamplingConfig:
     max_prompt_tokens: int | None = None
 
 
-class LMPolicy:
-    """An HF causal LM acting through its chat template; records token ids and log-probs of what it sampled.
+class ChatPolicy:
+    """An LM actor that reads the episode through its tokenizer's chat template (window or chat layout) and acts with
+    whatever its backend samples; subclasses implement ``generate(prompt_ids) -> actions``."""
 
-    Log-probs are log softmax(logits / T) at the sampled tokens (T = 1 when greedy), i.e. the sampling distribution
-    before top-p truncation — what a fresh forward pass of the same model recomputes for the PPO ratio.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        sampling: SamplingConfig = SamplingConfig(),
-        prompt: PromptConfig = PromptConfig(),
-        name: str = "lm",
-    ):
-        self.model = model
+    def __init__(self, tokenizer: Any, sampling: SamplingConfig, prompt: PromptConfig, name: str):
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.prompt = prompt
         self.name = name
-        self.eos_ids = _eos_ids(model, tokenizer)
 
     def prompt_messages(self, episode: Episode) -> list[dict]:
         if self.prompt.layout == "chat":
@@ -106,6 +94,29 @@ class LMPolicy:
         for start in range(0, len(prompts), size):
             actions += self.generate(prompts[start : start + size])
         return actions
+
+    def generate(self, prompts: list[list[int]]) -> list[Action]:
+        raise NotImplementedError
+
+
+class LMPolicy(ChatPolicy):
+    """An HF causal LM acting through its chat template; records token ids and log-probs of what it sampled.
+
+    Log-probs are log softmax(logits / T) at the sampled tokens (T = 1 when greedy), i.e. the sampling distribution
+    before top-p truncation — what a fresh forward pass of the same model recomputes for the PPO ratio.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        sampling: SamplingConfig = SamplingConfig(),
+        prompt: PromptConfig = PromptConfig(),
+        name: str = "lm",
+    ):
+        super().__init__(tokenizer, sampling, prompt, name)
+        self.model = model
+        self.eos_ids = _eos_ids(model, tokenizer)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> list[Action]:
