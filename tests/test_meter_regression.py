@@ -16,12 +16,12 @@ from deltattg.meter.train_regression import RegressionTrainConfig, train_regress
 WORDS = "system user assistant tool goal go to take put the mug cup done next action interaction history of an agent".split()
 
 
-def tiny_meter(max_length: int = 512, seed: int = 0) -> RegressionMeter:
+def tiny_meter(max_length: int = 512, seed: int = 0, pooling: str = "last") -> RegressionMeter:
     torch.manual_seed(seed)
     tokenizer = make_tiny_tokenizer(WORDS)
     backbone = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024))
-    config = RegressionConfig(backbone="tiny", max_length=max_length, head_hidden=32)
+    config = RegressionConfig(backbone="tiny", max_length=max_length, head_hidden=32, pooling=pooling)
     return RegressionMeter(backbone, tokenizer, config).eval()
 
 
@@ -39,9 +39,10 @@ def prefixes(messages):
     return [messages[:i] for i in cut] + [messages]
 
 
+@pytest.mark.parametrize("pooling", ["last", "last+mean"])
 @pytest.mark.parametrize("max_length", [512, 40])
-def test_one_pass_equals_prefix_by_prefix(max_length):
-    meter = tiny_meter(max_length)
+def test_one_pass_equals_prefix_by_prefix(max_length, pooling):
+    meter = tiny_meter(max_length, pooling=pooling)
     rng = random.Random(0)
     trajectories = [episode(3, 5, rng), episode(2, 1, rng), episode(4, 0, rng)]
     one_pass = meter.score_trajectories(trajectories)

@@ -36,6 +36,7 @@ HEADER = (
 BOUNDARY = "\n### next action"
 REGRESSION_FORMAT_VERSION = 1
 CONFIG_NAME = "meter_config.json"
+POOLINGS = ("last", "last+mean")
 HEAD_NAME = "head.pt"
 
 
@@ -46,6 +47,7 @@ class RegressionConfig:
     max_message_chars: int = 2000
     head_hidden: int = 256
     max_batch_tokens: int = 8192
+    pooling: str = "last"  # "last": the boundary token's hidden state; "last+mean": also the mean over its last block
     kind: str = "regression"
     format_version: int = REGRESSION_FORMAT_VERSION
 
@@ -78,11 +80,13 @@ def clip_middle(ids: list[int], budget: int, keep_tail: int = 16) -> list[int]:
 
 @dataclass
 class Window:
-    """One forward pass: token ids and, for each decision state read in it, its position and its step t."""
+    """One forward pass: token ids and, for each decision state read in it, its position, its step t and where its
+    last block starts (the block of the latest action and observations, or the task block for t = 0)."""
 
     ids: list[int]
     positions: list[int]
     steps: list[int]
+    starts: list[int]
 
 
 def oldest_kept_block(lengths: Sequence[int], t: int, max_length: int) -> int:
@@ -109,11 +113,11 @@ def plan_windows(block_ids: Sequence[list[int]], max_length: int, steps: Sequenc
         if lengths[0] + sum(lengths[start : t + 1]) > max_length:  # block 0 (+ block t) alone overflow: clip
             head = clip_middle(block_ids[0], max_length if t == 0 else max_length // 2)
             ids = head if t == 0 else head + clip_middle(block_ids[t], max_length - len(head))
-            windows.append(Window(ids, [len(ids) - 1], [t]))
+            windows.append(Window(ids, [len(ids) - 1], [t], [0 if t == 0 else len(head)]))
             window = None
             continue
         if window is None or start != window_start:
-            window, window_start = Window(list(block_ids[0]), [], []), start
+            window, window_start = Window(list(block_ids[0]), [], [], []), start
             windows.append(window)
             first_new = start
         else:
@@ -121,6 +125,7 @@ def plan_windows(block_ids: Sequence[list[int]], max_length: int, steps: Sequenc
         window.ids += [i for block in block_ids[max(first_new, 1) : t + 1] for i in block]
         window.positions.append(len(window.ids) - 1)
         window.steps.append(t)
+        window.starts.append(0 if t == 0 else len(window.ids) - lengths[t])
     return windows
 
 
@@ -162,7 +167,10 @@ class RegressionMeter(nn.Module):
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.config = config
-        self.head = head or ProgressHead(backbone.config.hidden_size, config.head_hidden)
+        if config.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {config.pooling!r}")
+        width = backbone.config.hidden_size * (2 if config.pooling == "last+mean" else 1)
+        self.head = head or ProgressHead(width, config.head_hidden)
         self._id: str | None = None
 
     # ---- loading and saving ------------------------------------------------------------------------------------
@@ -222,7 +230,7 @@ class RegressionMeter(nn.Module):
             mask = torch.tensor([[1] * len(windows[k].ids) + [0] * (width - len(windows[k].ids)) for k in batch], device=device)
             hidden = self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
             for row, k in enumerate(batch):
-                pieces[k] = hidden[row, windows[k].positions]
+                pieces[k] = read_features(hidden[row], windows[k], self.config.pooling)
         return torch.cat([pieces[k] for k in range(len(windows))]) if windows else torch.empty(0)
 
     @torch.no_grad()
@@ -243,6 +251,19 @@ class RegressionMeter(nn.Module):
         """The ``Meter`` protocol: the reading of each history's own (last) decision state."""
         windows = [self.windows(h, steps=[len(assistant_indices(h))])[0] for h in histories]
         return list(readings_from_head(self.head(self.boundary_features(windows)))) if windows else []
+
+
+def read_features(hidden: Tensor, window: Window, pooling: str) -> Tensor:
+    """The features of each decision state read in ``window`` from its hidden states ``[L, H]``: the boundary token's
+    state, and with ``last+mean`` also the mean over the state's last block (both depend on the prefix only)."""
+    last = hidden[window.positions]
+    if pooling == "last":
+        return last
+    cumulative = torch.cat([torch.zeros_like(hidden[:1]), hidden.cumsum(0)])
+    ends = torch.tensor(window.positions) + 1
+    starts = torch.tensor(window.starts)
+    means = (cumulative[ends] - cumulative[starts]) / (ends - starts)[:, None].to(hidden.dtype)
+    return torch.cat([last, means], dim=1)
 
 
 def _token_batches(order: Sequence[int], windows: Sequence[Window], budget: int) -> Iterator[list[int]]:
