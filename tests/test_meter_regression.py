@@ -117,3 +117,48 @@ def test_frozen_backbone_trains_the_head_and_round_trips(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, meter.backbone.parameters()))
     assert report["losses"][-1] < report["losses"][0]
     assert (out / "features.pt").exists() and (out / "head.pt").exists()
+
+
+RESUME_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_meter_regression import resume_run
+resume_run({out!r})
+"""
+
+
+def resume_run(out: str):
+    """Train a tiny meter end to end (4 epochs of 3 steps, a checkpoint every 3 steps) into ``out``."""
+    meter = tiny_meter(seed=5)
+    windows, examples = [], []
+    for messages, tokens in synthetic_set(12, seed=4):
+        w, e = trajectory_examples(meter, messages, True, tokens, len(windows))
+        windows += w
+        examples += e
+    config = RegressionTrainConfig(output_dir=out, freeze_backbone=False, epochs=4, batch_size=4, lr_backbone=1e-3,
+                                   lr_head=1e-3, save_every=3, progress=False)
+    train_regression_meter(meter, windows, examples, config)
+    return meter
+
+
+def test_end_to_end_training_resumes_exactly_after_a_kill(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    straight = resume_run(str(tmp_path / "straight"))
+    out = tmp_path / "killed"
+    script = RESUME_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out))
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (out / "checkpoint-3").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert (out / "checkpoint-3").is_dir() and not (out / "head.pt").exists()  # killed before the end
+    resumed = resume_run(str(out))  # picks up checkpoint-3 and finishes the same schedule
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6)

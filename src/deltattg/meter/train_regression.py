@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import random
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -193,10 +194,16 @@ def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples
 
 
 def _checkpoint(meter, optimizer, schedule, output: Path, step: int) -> None:
+    """``checkpoint-N``: the meter (``save_pretrained``) and the trainer state, written to a temporary folder and
+    renamed into place, so a run killed mid-write never leaves a checkpoint that looks complete."""
     folder = output / f"checkpoint-{step}"
-    meter.save_pretrained(folder)
+    partial = output / f".checkpoint-{step}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    meter.save_pretrained(partial)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-                "rng": torch.get_rng_state()}, folder / "trainer_state.pt")
+                "rng": torch.get_rng_state()}, partial / "trainer_state.pt")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
 
 
 def _resume(meter, optimizer, schedule, output: Path) -> int:
