@@ -22,6 +22,16 @@ def test_step_judgements_by_hand():
     assert step_judgements([MeterOutput(True, 5), MeterOutput(True, 5)], 500) == [0]
 
 
+def test_expected_cost_readout_by_hand():
+    # p = σ(0) = 0.5: c = 0.5·100 + 0.5·500 = 300; p = σ(ln 3) = 0.75: c = 0.75·40 + 0.25·500 = 155 -> Δ = 145 > 0.
+    import math
+
+    readings = [MeterOutput(False, 100.0, logit=0.0), MeterOutput(True, 40.0, logit=math.log(3))]
+    assert step_judgements(readings, 500, "expected") == [1]
+    assert step_judgements(readings, 500, "binary") == [1]  # C = 500 -> 40
+    assert step_judgements([MeterOutput(True, 5.0), MeterOutput(True, 1.0)], 500, "expected") == [None]  # no logit
+
+
 def test_step_quality_by_hand():
     # labels +1,+1,+1,-1,-1 (and a neutral 0 that is dropped); judgements +1,-1,0,-1,None.
     # Correct: step 0 (+1) and step 3 (-1) -> accuracy 2/5; recall(+1) = 1/3, recall(-1) = 1/2 -> balanced 5/12.
@@ -79,13 +89,14 @@ def test_eval_steps_counts_and_json(tmp_path, meter_dir, capsys):
     split.write_text(json.dumps({"train": [0, 1, 2, 3], "test": [4, 5, 6, 7]}))
     out = tmp_path / "eval.json"
     assert main(["eval-steps", "--meter", str(meter_dir), "--data", str(src), "--split", str(split), "--json", str(out),
-                 "--no-progress"]) == 0
+                 "--no-progress", "--readout", "expected"]) == 0
     results = json.loads(out.read_text())
     test_labels = [v for r in records[4:] for v in r["step_labels"].values() if v != 0]
     pooled = results["pooled"]
     assert pooled["meter"]["steps"] == len(test_labels)
     assert pooled["always-beneficial"]["accuracy"] == pytest.approx(sum(v > 0 for v in test_labels) / len(test_labels))
     assert 0.0 <= pooled["meter"]["balanced_accuracy"] <= 1.0
+    assert pooled["meter"]["invalid"] == 0  # the regression meter gives a logit for every state
     assert "always-beneficial" in capsys.readouterr().out
 
 

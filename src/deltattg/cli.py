@@ -114,7 +114,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     print(f"training a {args.kind} meter on {len(items)} trajectories", file=sys.stderr)
     tokenizer = _tokenizer(args.tokenizer)
     if args.kind == "regression":
-        meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars}
+        meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars,
+                          "pooling": args.pooling}
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
                           "batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
@@ -163,7 +164,7 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
     from deltattg.meter.step_quality import format_table
 
     items = select_split(_read(args.data, args.skip_invalid), args.split, args.subset)
-    results = evaluate_steps(items, _meter(args), args.failure_cost, progress=args.progress)
+    results = evaluate_steps(items, _meter(args), args.failure_cost, readout=args.readout, progress=args.progress)
     for dataset, rows in results.items():
         print(f"== {dataset} ==")
         print(format_table(rows))
@@ -288,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="token budget of one meter input (regression window / generative prompt), default 2048")
     train_meter.add_argument("--max-message-chars", type=int, default=2000,
                              help="regression: cap each message at this many characters (middle elided), default 2000")
+    train_meter.add_argument("--pooling", choices=["last", "last+mean"], default="last",
+                             help="regression: features of a decision state: the boundary token's hidden state, or also "
+                             "the mean over its last block (default: last)")
     train_meter.add_argument("--full", action="store_true", help="regression: train the backbone too (default: frozen)")
     train_meter.add_argument("--head-epochs", type=int, default=40, help="regression, frozen backbone: head epochs")
     train_meter.add_argument("--epochs", type=int, default=1, help="epochs over the data when the backbone trains")
@@ -338,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     eval_steps.add_argument("--subset", default="test", help="subset of --split to evaluate (default: test)")
     eval_steps.add_argument("--failure-cost", type=float, default=6144.0,
                             help="C for states predicted unsuccessful (default 6144, the paper's search-QA value)")
+    eval_steps.add_argument("--readout", choices=["binary", "expected"], default="binary",
+                            help="cost of a state: binary = Eq. 7 (v if b else C, what the credit uses); expected = "
+                            "p*v + (1-p)*C with p = sigmoid(completion logit), the analogue of E.6's scalar regression "
+                            "(needs a meter that gives logits, e.g. the regression meter). Default: binary")
     eval_steps.add_argument("--json", help="also write the results as JSON here")
     add_meter_source(eval_steps)
     _add_skip_invalid(eval_steps)

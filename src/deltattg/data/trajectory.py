@@ -28,7 +28,8 @@ ROLES = ("system", "user", "assistant", "tool")
 class MeterOutput:
     """One progress-meter reading of a decision prefix (an invalid reading is ``None``, never a MeterOutput).
 
-    ``can_complete`` / ``tokens_to_go`` are the paper's (b̂, v̂) (§3.1); ``logit`` is log p(true) − log p(false) after
+    ``can_complete`` / ``tokens_to_go`` are the paper's (b̂, v̂) (§3.1; v̂ is used where b̂ is true — a meter may also
+    give it where b̂ is false, the JSON form drops it there); ``logit`` is log p(true) − log p(false) after
     ``{"can_complete":`` (E.4, +logit); ``score`` is a final-score estimate S_φ(h) (E.4, +value).
     """
 

@@ -142,7 +142,8 @@ def score_records(items: Sequence[Located], meter: Meter, *, skip_zero_advantage
 # ---- eval-steps ---------------------------------------------------------------------------------------------------
 
 
-def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, *, progress: bool = True) -> dict[str, dict[str, StepQuality]]:
+def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, *, readout: str = "binary",
+                   progress: bool = True) -> dict[str, dict[str, StepQuality]]:
     """Step-quality rows per dataset and pooled (each beside its baselines) for records with ``step_labels``."""
     from tqdm import tqdm
 
@@ -155,7 +156,7 @@ def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, 
         batch = labelled[start : start + 16]
         states, _ = read_states(meter, [_messages(item) for item in batch], terminal=True)
         for item, readings in zip(batch, states):
-            judged = step_judgements(readings, failure_cost)
+            judged = step_judgements(readings, failure_cost, readout)
             labels = labelled_steps(item.trajectory.messages or [], item.trajectory.extra["step_labels"])
             dataset = str(item.trajectory.extra.get("data_source", "all"))
             pairs_by_dataset[dataset] += [(label, judged[t]) for t, label in sorted(labels.items())]

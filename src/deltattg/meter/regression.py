@@ -141,12 +141,12 @@ class ProgressHead(nn.Module):
 
 
 def readings_from_head(outputs: Tensor) -> list[MeterOutput]:
-    """b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 (only when b̂), and the logit itself (E.4 +logit)."""
+    """b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 and the logit itself (E.4 +logit). v̂ is kept where b̂ = 0 too (the
+    head predicts the remaining work *if* the task completes; JSON output drops it there, as the answer format does)."""
     out = []
     for logit, log_ttg in outputs.detach().float().cpu().tolist():
-        can = logit > 0
-        ttg = float(max(round(math.expm1(min(log_ttg, 40.0))), 0)) if can else None
-        out.append(MeterOutput(can_complete=can, tokens_to_go=ttg, logit=logit))
+        ttg = float(max(round(math.expm1(min(log_ttg, 40.0))), 0))
+        out.append(MeterOutput(can_complete=logit > 0, tokens_to_go=ttg, logit=logit))
     return out
 
 

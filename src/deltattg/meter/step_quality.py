@@ -1,18 +1,26 @@
 """Step-quality evaluation of a progress meter (§5.1, E.6): does the predicted progress across a step agree with a
 human label of that step (beneficial +1 / harmful −1; neutral 0 is excluded)?
 
-The predicted progress of step t is Δ_t = c(h_t) − c(h_{t+1}) with c = v̂ when b̂ else C (Eq. 7–8), read by the meter
-on both states — the terminal prefix h_T included, never anchored to the known outcome. Δ > 0 judges the step
-beneficial, Δ < 0 harmful; Δ = 0 (no predicted change) and steps next to an invalid reading count as wrong for
-either label, so they can only lower the score.
+The predicted progress of step t is Δ_t = c(h_t) − c(h_{t+1}), read by the meter on both states — the terminal
+prefix h_T included, never anchored to the known outcome. Two readouts of the cost c:
+  * ``binary`` — Eq. 7: c = v̂ when b̂ else C (what DeltaTTG's credit uses);
+  * ``expected`` — c = p·v̂ + (1 − p)·C with p = σ(completion logit): the expected remaining work, the analogue of
+    E.6's scalar regression target (TTG, plus a penalty for unsuccessful trajectories). Needs readings with a
+    ``logit`` (the regression meter; the generative meter with ``readout="both"``).
+Δ > 0 judges the step beneficial, Δ < 0 harmful; Δ = 0 (no predicted change) and steps next to an invalid reading
+count as wrong for either label, so they can only lower the score.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from deltattg.data.trajectory import MeterOutput, assistant_indices
+
+
+READOUTS = ("binary", "expected")
 
 
 def state_cost(reading: MeterOutput | None, failure_cost: float) -> float | None:
@@ -22,9 +30,20 @@ def state_cost(reading: MeterOutput | None, failure_cost: float) -> float | None
     return float(reading.tokens_to_go or 0.0) if reading.can_complete else failure_cost
 
 
-def step_judgements(readings: Sequence[MeterOutput | None], failure_cost: float) -> list[int | None]:
+def expected_cost(reading: MeterOutput | None, failure_cost: float) -> float | None:
+    """p·v̂ + (1 − p)·C with p = σ(logit) (see the module doc); ``None`` without a logit."""
+    if reading is None or reading.logit is None:
+        return None
+    p = 1.0 / (1.0 + math.exp(-max(min(reading.logit, 50.0), -50.0)))
+    return p * float(reading.tokens_to_go or 0.0) + (1.0 - p) * failure_cost
+
+
+def step_judgements(
+    readings: Sequence[MeterOutput | None], failure_cost: float, readout: str = "binary"
+) -> list[int | None]:
     """sign(Δ_t) for t = 0..T−1 from the T+1 readings of h_0..h_T; ``None`` where a reading is invalid."""
-    costs = [state_cost(r, failure_cost) for r in readings]
+    cost = {"binary": state_cost, "expected": expected_cost}[readout]
+    costs = [cost(r, failure_cost) for r in readings]
     out: list[int | None] = []
     for before, after in zip(costs, costs[1:]):
         if before is None or after is None:
