@@ -89,14 +89,14 @@ def test_eval_steps_counts_and_json(tmp_path, meter_dir, capsys):
     split.write_text(json.dumps({"train": [0, 1, 2, 3], "test": [4, 5, 6, 7]}))
     out = tmp_path / "eval.json"
     assert main(["eval-steps", "--meter", str(meter_dir), "--data", str(src), "--split", str(split), "--json", str(out),
-                 "--no-progress", "--readout", "expected"]) == 0
+                 "--no-progress", "--readout", "binary", "expected"]) == 0
     results = json.loads(out.read_text())
     test_labels = [v for r in records[4:] for v in r["step_labels"].values() if v != 0]
     pooled = results["pooled"]
-    assert pooled["meter"]["steps"] == len(test_labels)
+    assert pooled["meter (binary)"]["steps"] == pooled["meter (expected)"]["steps"] == len(test_labels)
     assert pooled["always-beneficial"]["accuracy"] == pytest.approx(sum(v > 0 for v in test_labels) / len(test_labels))
-    assert 0.0 <= pooled["meter"]["balanced_accuracy"] <= 1.0
-    assert pooled["meter"]["invalid"] == 0  # the regression meter gives a logit for every state
+    assert 0.0 <= pooled["meter (expected)"]["balanced_accuracy"] <= 1.0
+    assert pooled["meter (expected)"]["invalid"] == 0  # the regression meter gives a logit for every state
     assert "always-beneficial" in capsys.readouterr().out
 
 

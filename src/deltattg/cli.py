@@ -164,7 +164,7 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
     from deltattg.meter.step_quality import format_table
 
     items = select_split(_read(args.data, args.skip_invalid), args.split, args.subset)
-    results = evaluate_steps(items, _meter(args), args.failure_cost, readout=args.readout, progress=args.progress)
+    results = evaluate_steps(items, _meter(args), args.failure_cost, readouts=args.readout, progress=args.progress)
     for dataset, rows in results.items():
         print(f"== {dataset} ==")
         print(format_table(rows))
@@ -342,10 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     eval_steps.add_argument("--subset", default="test", help="subset of --split to evaluate (default: test)")
     eval_steps.add_argument("--failure-cost", type=float, default=6144.0,
                             help="C for states predicted unsuccessful (default 6144, the paper's search-QA value)")
-    eval_steps.add_argument("--readout", choices=["binary", "expected"], default="binary",
-                            help="cost of a state: binary = Eq. 7 (v if b else C, what the credit uses); expected = "
-                            "p*v + (1-p)*C with p = sigmoid(completion logit), the analogue of E.6's scalar regression "
-                            "(needs a meter that gives logits, e.g. the regression meter). Default: binary")
+    eval_steps.add_argument("--readout", choices=["binary", "expected"], nargs="+", default=["binary"],
+                            help="cost of a state (one row each): binary = Eq. 7 (v if b else C, what the credit uses); "
+                            "expected = p*v + (1-p)*C with p = sigmoid(completion logit), the analogue of E.6's scalar "
+                            "regression (needs a meter that gives logits, e.g. the regression meter). Default: binary")
     eval_steps.add_argument("--json", help="also write the results as JSON here")
     add_meter_source(eval_steps)
     _add_skip_invalid(eval_steps)

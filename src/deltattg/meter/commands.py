@@ -142,26 +142,31 @@ def score_records(items: Sequence[Located], meter: Meter, *, skip_zero_advantage
 # ---- eval-steps ---------------------------------------------------------------------------------------------------
 
 
-def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, *, readout: str = "binary",
-                   progress: bool = True) -> dict[str, dict[str, StepQuality]]:
-    """Step-quality rows per dataset and pooled (each beside its baselines) for records with ``step_labels``."""
+def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, *,
+                   readouts: Sequence[str] = ("binary",), progress: bool = True) -> dict[str, dict[str, StepQuality]]:
+    """Step-quality rows per dataset and pooled for records with ``step_labels``: one row per readout
+    (``meter (binary)``, ...) beside the baselines; the meter reads every state once whatever the readouts."""
     from tqdm import tqdm
 
     labelled = [item for item in items if item.trajectory.extra.get("step_labels")]
     if not labelled:
         raise InputError("no record has step_labels to evaluate against", path=items[0].path if items else None,
                          field="step_labels")
-    pairs_by_dataset: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
+    pairs: dict[tuple[str, str], list[tuple[int, int | None]]] = defaultdict(list)  # (dataset, readout) -> pairs
     for start in tqdm(range(0, len(labelled), 16), desc="eval-steps", unit="chunk", disable=not progress):
         batch = labelled[start : start + 16]
         states, _ = read_states(meter, [_messages(item) for item in batch], terminal=True)
         for item, readings in zip(batch, states):
-            judged = step_judgements(readings, failure_cost, readout)
             labels = labelled_steps(item.trajectory.messages or [], item.trajectory.extra["step_labels"])
             dataset = str(item.trajectory.extra.get("data_source", "all"))
-            pairs_by_dataset[dataset] += [(label, judged[t]) for t, label in sorted(labels.items())]
-    pooled = [p for pairs in pairs_by_dataset.values() for p in pairs]
+            for readout in readouts:
+                judged = step_judgements(readings, failure_cost, readout)
+                pairs[dataset, readout] += [(label, judged[t]) for t, label in sorted(labels.items())]
+    datasets = sorted({dataset for dataset, _ in pairs})
+    for readout in readouts:
+        pairs["pooled", readout] = [p for dataset in datasets for p in pairs[dataset, readout]]
     out: dict[str, dict[str, StepQuality]] = {}
-    for dataset, pairs in [*sorted(pairs_by_dataset.items()), ("pooled", pooled)]:
-        out[dataset] = {"meter": step_quality(pairs), **baseline_rows(pairs)}
+    for dataset in [*datasets, "pooled"]:
+        rows = {f"meter ({readout})": step_quality(pairs[dataset, readout]) for readout in readouts}
+        out[dataset] = rows | baseline_rows(pairs[dataset, readouts[0]])
     return out

@@ -81,14 +81,16 @@ def collect(
     seed: int = 0,
     sampling: SamplingConfig = SamplingConfig(),
     max_turns: int | None = None,
+    prompt: PromptConfig | None = None,
     progress: bool = True,
 ) -> list[Trajectory]:
-    """``episodes`` trajectories per policy on the same tasks, pooled; ids are ``POLICY/TASK#k``."""
+    """``episodes`` trajectories per policy on the same tasks, pooled; ids are ``POLICY/TASK#k``. ``prompt``: what
+    LM policies see (default: the environment's layout with the default history window)."""
     import torch
 
     probe = make_env()
     tasks = choose_tasks(probe.tasks(split), episodes, group_size, seed)
-    prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
+    prompt = prompt or PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
     pooled: list[Trajectory] = []
     for k, spec in enumerate(specs):
         torch.manual_seed(seed + k)
