@@ -24,7 +24,7 @@ test-fast: install
 	$(PY) -m pytest -m "not slow"
 
 demo: install
-	$(PY) -m deltattg credit examples/credit_example.jsonl --failure-cost 200 --table --out runs/demo/credit.jsonl
+	$(VENV)/bin/deltattg demo --out runs/demo
 
 # verl 0.9.1 pins transformers<5.11 (and imports ray), so the credit benchmark runs it in its own venv.
 $(VERL_VENV)/.installed: pyproject.toml
@@ -41,6 +41,9 @@ bench-credit: $(VERL_VENV)/.installed
 
 bench: install bench-credit
 	$(PY) bench/bench_envs.py
+	$(PY) bench/bench_rollout.py
+	$(PY) bench/bench_meter.py
+	$(PY) bench/bench_train.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs

@@ -376,9 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenizer(collect_p)
     collect_p.set_defaults(func=cmd_collect)
 
+    from deltattg.demo.cli import add_demo_parser
     from deltattg.train.cli import add_train_parser
 
     add_train_parser(sub)
+    add_demo_parser(sub)
 
     methods = sub.add_parser("methods", help="list the credit estimators")
     methods.set_defaults(func=cmd_methods)

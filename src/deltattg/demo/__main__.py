@@ -1,0 +1,3 @@
+from deltattg.demo.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Every choice ``deltattg demo`` makes, in one dataclass: the full demo's defaults, its ``--quick`` CI variant, and
+the changes a pretrained ``--model`` or ``--env alfworld`` needs.
+
+The household defaults are sized for 2 CPU cores and 10 minutes: a world small enough that a 0.55 M-parameter
+word-level Llama learns it by behaviour cloning in a minute or two (few object and receptacle types, open receptacles,
+1-2 distractors, plans of 3-8 steps, 12 steps allowed), yet one that its sampled policy does not solve (it must search
+for the object and copy long actions token by token), and a short prompt (no history, the last
+``max_prompt_tokens`` tokens: goal, current observation, admissible actions), because every RL step re-reads the
+prompt of every row three times (rollout, θ_old, update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+TINY = "tiny"
+ACTOR_IN_POOL = "actor"  # the pool entry that stands for the behaviour-cloned base actor ("lm:<its folder>")
+
+HOUSEHOLD_OPTIONS: dict[str, Any] = {  # HouseholdConfig knobs over HouseholdConfig.short()
+    "task_types": ["pick_and_place_simple", "pick_clean_then_place_in_recep"],
+    "object_types": ["apple", "mug", "book"],
+    "receptacle_types": ["cabinet", "countertop", "desk", "sinkbasin", "shelf"],
+    "receptacles": [3, 4],
+    "targets": [1, 1],
+    "distractors": [1, 2],
+    "start_closed": False,
+    "plan_length": [3, 8],
+    "n_train": 1000,
+    "n_valid_seen": 50,
+    "n_valid_unseen": 50,
+}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The demo's settings. Sections: environment and prompt; the actor and its behaviour cloning; the trajectory
+    pool; the regression meter; RL (the trainer's settings, the same for GRPO and DeltaTTG); evaluation and test-time
+    guidance; the machine."""
+
+    # ---- environment and prompt ----
+    env: str = "household"
+    env_options: dict[str, Any] = field(default_factory=lambda: dict(HOUSEHOLD_OPTIONS))
+    data_dir: str | None = None  # alfworld: the json_2.1.1 folder (default $ALFWORLD_DATA)
+    train_split: str = "train"
+    eval_split: str = "valid_seen"
+    max_turns: int = 12
+    max_new_tokens: int = 10
+    history_window: int = 0
+    max_prompt_tokens: int | None = 100
+
+    # ---- actor: "tiny" (word-level Llama over the environment's vocabulary, behaviour-cloned) or an HF spec ----
+    model: str = TINY
+    tiny_hidden: int = 128
+    tiny_layers: int = 2
+    tiny_heads: int = 4
+    clone_tasks: int = 1000  # noisy-expert demonstrations, one per task (successful ones are cloned)
+    clone_epsilon: float = 0.1
+    clone_epochs: int = 1  # many tasks once: cloning few tasks for many epochs memorises them
+    clone_lr: float = 2e-3  # 5e-3 and above stall at the unigram stage
+    clone_batch_size: int = 32
+
+    # ---- trajectory pool for the meter (deltattg collect's policy specs; "actor" = the base actor) ----
+    pool: tuple[str, ...] = ("expert:0.1", "expert:0.3", "expert:0.6", "random", ACTOR_IN_POOL)
+    pool_episodes: int = 128  # per policy, on the same tasks (one episode per task and policy)
+    pool_group_size: int = 1
+    heldout_fraction: float = 0.25  # of the pool's tasks, kept out of meter training for the TTG scatter
+
+    # ---- regression meter: a tiny Llama backbone over the actor's tokenizer, trained end to end ----
+    meter_hidden: int = 64
+    meter_layers: int = 2
+    meter_heads: int = 4
+    meter_max_length: int = 1024
+    meter_epochs: int = 6
+    meter_batch_size: int = 16
+    meter_lr: float = 1e-3
+
+    # ---- RL: GRPO and DeltaTTG, same init, seed and budget (the trainer's household-tiny preset underneath) ----
+    steps: int = 30
+    batch_size: int = 4  # tasks per step
+    group_size: int = 8  # rollouts per task (G)
+    lr: float = 3e-4
+    kl_coef: float = 0.0  # no π_ref pass: one forward pass less per step
+    entropy_coef: float = 0.001
+    mini_batch_size: int = 64
+    micro_batch_size: int = 64
+    failure_cost: float = 256.0  # C > max_turns × max_new_tokens, above every Token-to-Go
+    rho: float = 0.2
+    cap: float = 5.0
+
+    # ---- evaluation (held-out tasks) and test-time guidance (E.5) ----
+    eval_every: int = 5
+    eval_tasks: int = 40
+    guidance_tasks: int = 40
+    candidates: int = 4
+    credit_tasks: int = 8  # tasks the base actor plays G times to find a group for the credit figure
+
+    # ---- machine ----
+    threads: int = 1
+    seed: int = 0
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model == TINY
+
+    def replace(self, **changes: Any) -> DemoConfig:
+        return dataclasses.replace(self, **changes)
+
+
+QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothing is meant to learn
+    "env_options": HOUSEHOLD_OPTIONS | {"n_train": 24, "n_valid_seen": 6, "n_valid_unseen": 6},
+    "max_turns": 6,
+    "clone_tasks": 12, "clone_epochs": 1,
+    "pool_episodes": 8, "pool_group_size": 2, "heldout_fraction": 0.5,
+    "meter_hidden": 32, "meter_layers": 1, "meter_heads": 2, "meter_epochs": 1,
+    "steps": 2, "batch_size": 2, "group_size": 4, "eval_every": 1, "eval_tasks": 3,
+    "guidance_tasks": 3, "credit_tasks": 2,
+}  # fmt: skip
+
+PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, the paper's prompt and learning rate
+    "history_window": 2,
+    "max_prompt_tokens": None,
+    "max_new_tokens": 32,
+    "lr": 1e-6,
+    "kl_coef": 0.01,
+    "failure_cost": 2048.0,
+    "steps": 5,
+    "batch_size": 2,
+    "group_size": 4,
+    "micro_batch_size": 4,
+    "eval_every": 5,
+    "eval_tasks": 10,
+    "guidance_tasks": 10,
+    "pool_episodes": 16,
+    "credit_tasks": 2,
+}
+
+ALFWORLD: dict[str, Any] = {  # the real benchmark (Table 4 turns are 50; fewer here so a CPU run ends)
+    "env": "alfworld",
+    "env_options": {},
+    "max_turns": 20,
+    "max_new_tokens": 96,
+    "failure_cost": 16384.0,
+}
+
+
+def demo_config(
+    *, quick: bool = False, model: str | None = None, env: str = "household", seed: int = 0, threads: int | None = None
+) -> DemoConfig:
+    """The defaults, then a pretrained ``model`` (SmolLM2 by default on ALFWorld), then ``env`` alfworld, then
+    ``quick``; ``seed`` and ``threads`` last."""
+    if env not in ("household", "alfworld"):
+        raise ValueError(f"the demo runs on household or alfworld, not {env!r}")
+    model = model or ("smollm2" if env == "alfworld" else TINY)
+    if env == "alfworld" and model == TINY:
+        raise ValueError("the tiny actor needs an environment that lists its vocabulary (household); "
+                         "on alfworld pass --model (e.g. smollm2)")
+    config = DemoConfig(model=model)
+    if not config.is_tiny:
+        config = config.replace(**PRETRAINED)
+    if env == "alfworld":
+        config = config.replace(**ALFWORLD)
+    if quick:
+        config = config.replace(**{k: v for k, v in QUICK.items() if env == "household" or k != "env_options"})
+    return config.replace(seed=seed, **({"threads": threads} if threads else {}))

@@ -1,0 +1,423 @@
+"""The demo's stages, each a function over plain data, and ``run_demo`` that chains and times them:
+
+    base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  out/actor
+    trajectory pool (noisy experts, random, the base actor)         ->  out/pool.jsonl
+    regression meter on the pool's training tasks                  ->  out/meter
+    GRPO and DeltaTTG from the same actor and seed                  ->  out/grpo, out/deltattg (metrics.jsonl, ...)
+    test-time guidance of the base actor (E.5, Table 9 layout), one group's credit under both estimators, and the
+    meter's predicted vs true Token-to-Go on held-out pool tasks    ->  what ``report`` draws and tabulates
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from deltattg.credit import CreditConfig
+from deltattg.credit.records import assign_credit
+from deltattg.data.jsonl import write_jsonl
+from deltattg.data.labels import remaining_sums
+from deltattg.data.sources import Located
+from deltattg.data.tokens import count_step_tokens
+from deltattg.data.trajectory import MeterOutput, Trajectory
+from deltattg.demo.config import ACTOR_IN_POOL, DemoConfig
+from deltattg.envs.base import Environment, Task
+from deltattg.guidance import GuidedPolicy
+from deltattg.meter.loading import load_meter, read_states
+from deltattg.meter.regression import RegressionConfig, RegressionMeter
+from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
+from deltattg.rollout.collect import collect, parse_policy
+from deltattg.rollout.engine import Policy, run_episodes
+from deltattg.rollout.policies import LMPolicy, SamplingConfig
+from deltattg.rollout.prompts import PromptConfig
+from deltattg.tiny import tiny_llama
+from deltattg.train import behaviour_clone, demonstrations, env_factory, load_actor, resolve, train
+from deltattg.train.actor import torch_device
+from deltattg.train.config import ActorConfig, EnvConfig
+
+METHODS = ("grpo", "deltattg")
+PRESET = "household-tiny"  # the trainer preset under the demo's settings (the demo sets every field it relies on)
+
+
+# ---- the machine and the world ---------------------------------------------------------------------------------------
+def configure_process(threads: int) -> None:
+    """``threads`` torch intra-op threads (set explicitly: OpenMP oversubscription on a busy 2-core box costs up to
+    30x); denormals flushed to zero (a tiny model's weights and gradients drift into denormal values, which CPUs
+    compute slowly: behaviour-cloning epochs grew from ~11 s to ~26 s without it on this machine); no transformers
+    progress bars (the demo prints its own stages)."""
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    hf_logging.disable_progress_bar()
+
+
+def env_config(config: DemoConfig) -> EnvConfig:
+    return EnvConfig(name=config.env, size="short", options=dict(config.env_options), data_dir=config.data_dir,
+                     train_split=config.train_split, eval_split=config.eval_split)  # fmt: skip
+
+
+def prompt_config(config: DemoConfig, env: Environment) -> PromptConfig:
+    return PromptConfig(layout=getattr(env, "prompt_layout", "window"), history_window=config.history_window)
+
+
+def sampling(config: DemoConfig) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=1.0, max_new_tokens=config.max_new_tokens, max_prompt_tokens=config.max_prompt_tokens
+    )
+
+
+@dataclass
+class World:
+    """The environment constructor, one instance to read tasks from, and the actor's prompt layout."""
+
+    make_env: Callable[[], Environment]
+    env: Environment
+    prompt: PromptConfig
+
+    def tasks(self, split: str, count: int) -> list[Task]:
+        return list(self.env.tasks(split))[:count]
+
+
+def build_world(config: DemoConfig) -> World:
+    make_env = env_factory(env_config(config), config.max_turns)
+    env = make_env()
+    return World(make_env, env, prompt_config(config, env))
+
+
+# ---- stage 1: the base actor -----------------------------------------------------------------------------------------
+@dataclass
+class BaseActor:
+    """The actor every later stage starts from: ``spec`` is what the trainer loads (a folder or an HF spec)."""
+
+    spec: str
+    model: Any
+    tokenizer: Any
+    clone_losses: list[float] = field(default_factory=list)
+    demonstrations: int = 0
+
+    def policy(self, config: DemoConfig, world: World, name: str = "actor") -> LMPolicy:
+        """The actor sampling at temperature 1 (Table 4) with the demo's prompt."""
+        return LMPolicy(self.model, self.tokenizer, sampling(config), world.prompt, name=name)
+
+
+def base_actor(config: DemoConfig, world: World, folder: Path) -> BaseActor:
+    """The tiny actor behaviour-cloned on the successful ε-noisy expert episodes of ``clone_tasks`` training tasks
+    (saved to ``folder``), or a pretrained ``config.model`` as it is."""
+    actor_config = ActorConfig(model=config.model, tiny_hidden=config.tiny_hidden, tiny_layers=config.tiny_layers,
+                               tiny_heads=config.tiny_heads)  # fmt: skip
+    model, tokenizer = load_actor(actor_config, world.env, world.prompt, config.max_turns, config.seed)
+    if not config.is_tiny:
+        return BaseActor(config.model, model.eval(), tokenizer)
+    actor = BaseActor(str(folder), model, tokenizer)
+    tasks = world.tasks(config.train_split, config.clone_tasks)
+    episodes = demonstrations(actor.policy(config, world), world.make_env, tasks, config.max_turns,
+                              epsilon=config.clone_epsilon, seed=config.seed)  # fmt: skip
+    successful = [t for t in episodes if t.success]
+    actor.clone_losses = behaviour_clone(model, tokenizer, successful, lr=config.clone_lr, epochs=config.clone_epochs,
+                                         batch_size=config.clone_batch_size, seed=config.seed)  # fmt: skip
+    actor.demonstrations = len(successful)
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return actor
+
+
+# ---- stage 2: the trajectory pool ------------------------------------------------------------------------------------
+def pool_specs(config: DemoConfig, actor: BaseActor) -> list[str]:
+    return [f"lm:{actor.spec}" if spec == ACTOR_IN_POOL else spec for spec in config.pool]
+
+
+def collect_pool(config: DemoConfig, world: World, actor: BaseActor) -> list[Trajectory]:
+    """``pool_episodes`` episodes of every pool policy on the same training tasks, each step's token count (the
+    Token-to-Go unit) in the actor's tokenizer: generated ids for the LM, the rendered action for the others."""
+    specs = [parse_policy(spec) for spec in pool_specs(config, actor)]
+    pool = collect(world.make_env, config.train_split, specs, episodes=config.pool_episodes,
+                   group_size=config.pool_group_size, seed=config.seed, sampling=sampling(config),
+                   max_turns=config.max_turns, prompt=world.prompt, progress=False)  # fmt: skip
+    for trajectory in pool:
+        if trajectory.step_tokens is None:
+            trajectory.step_tokens = count_step_tokens(trajectory.messages or [], actor.tokenizer)
+    return pool
+
+
+def split_by_task(trajectories: Sequence[Trajectory], heldout_fraction: float, seed: int) -> tuple[list, list]:
+    """(train, held out): a random ``heldout_fraction`` of the tasks, with all their trajectories, is held out."""
+    groups = sorted({t.group for t in trajectories})
+    random.Random(seed).shuffle(groups)
+    heldout = set(groups[: round(heldout_fraction * len(groups))])
+    return [t for t in trajectories if t.group not in heldout], [t for t in trajectories if t.group in heldout]
+
+
+def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, float, float]]:
+    """Per policy: (episodes, success rate, mean steps)."""
+    out = {}
+    for name in dict.fromkeys(t.policy or "?" for t in trajectories):
+        mine = [t for t in trajectories if t.policy == name]
+        out[name] = (len(mine), mean([t.success for t in mine]), mean([t.num_steps for t in mine]))
+    return out
+
+
+def mean(values: Sequence[float | bool]) -> float:
+    return float(sum(values)) / len(values) if values else 0.0
+
+
+# ---- stage 3: the progress meter -------------------------------------------------------------------------------------
+def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path) -> dict:
+    """A regression meter (tiny Llama backbone over the actor's tokenizer + head) trained end to end on every
+    decision state of ``trajectories`` (Eq. 1–2 labels), saved to ``folder``; returns the training report."""
+    backbone = tiny_llama(tokenizer, hidden=config.meter_hidden, layers=config.meter_layers, heads=config.meter_heads,
+                          max_positions=config.meter_max_length, seed=config.seed).model  # fmt: skip
+    meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
+                                                                  head_hidden=4 * config.meter_hidden))  # fmt: skip
+    windows, examples = [], []
+    for t in trajectories:
+        w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows))
+        windows += w
+        examples += e
+    settings = RegressionTrainConfig(output_dir=str(folder), freeze_backbone=False, epochs=config.meter_epochs,
+                                     batch_size=config.meter_batch_size, lr_backbone=config.meter_lr,
+                                     lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume
+                                     seed=config.seed, progress=False)  # fmt: skip
+    return train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
+
+
+@dataclass
+class MeterFit:
+    """The meter on held-out trajectories, every nonterminal decision state: truth and reading."""
+
+    success: list[bool]  # the trajectory's outcome (b of Eq. 2)
+    true_ttg: list[float]  # Eq. 1 (meaningful where success)
+    predicted_can: list[bool]  # b̂
+    predicted_ttg: list[float | None]  # v̂ (None where b̂ = 0)
+
+    @property
+    def completion_accuracy(self) -> float:
+        return mean([p == s for p, s in zip(self.predicted_can, self.success)])
+
+    def successful_pairs(self) -> tuple[list[float], list[float]]:
+        """(true, predicted) TTG of the successful trajectories' states that the meter predicts completable."""
+        pairs = [(t, p) for s, t, p in zip(self.success, self.true_ttg, self.predicted_ttg) if s and p is not None]
+        return [t for t, _ in pairs], [p for _, p in pairs]
+
+    @property
+    def spearman(self) -> float:
+        """Spearman's rank correlation of true and predicted TTG (tied values share their mean rank); NaN where it is
+        undefined."""
+        true, predicted = self.successful_pairs()
+        if len(true) < 3 or len(set(true)) < 2 or len(set(predicted)) < 2:
+            return float("nan")  # undefined for fewer than three pairs or a constant side
+        return float(np.corrcoef(average_ranks(true), average_ranks(predicted))[0, 1])
+
+    @property
+    def mean_absolute_error(self) -> float:
+        true, predicted = self.successful_pairs()
+        return mean([abs(t - p) for t, p in zip(true, predicted)])
+
+
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 0..n−1 of ``values``, ties given the mean of the ranks they span."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    _, tie, counts = np.unique(np.asarray(values), return_inverse=True, return_counts=True)
+    return (np.bincount(tie, weights=ranks) / counts)[tie]
+
+
+def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
+    """The meter's reading of every nonterminal decision state of ``trajectories``, next to its labels."""
+    readings, _ = read_states(meter, [t.messages or [] for t in trajectories])
+    fit = MeterFit([], [], [], [])
+    for trajectory, row in zip(trajectories, readings):
+        for ttg, reading in zip(remaining_sums(trajectory.step_tokens or []), row):
+            if reading is None:
+                continue
+            fit.success.append(trajectory.success)
+            fit.true_ttg.append(float(ttg))
+            fit.predicted_can.append(bool(reading.can_complete))
+            fit.predicted_ttg.append(reading.tokens_to_go if reading.can_complete else None)
+    return fit
+
+
+# ---- stage 4: RL with GRPO and DeltaTTG ------------------------------------------------------------------------------
+def trainer_settings(config: DemoConfig, actor_spec: str, layout: str) -> dict:
+    """The trainer's settings shared by both methods (written to ``train.yaml``; ``deltattg train --config`` reads
+    it): same actor, seed, tasks, budget and evaluation."""
+    return {
+        "actor": {"model": actor_spec},
+        "env": dataclasses.asdict(env_config(config)),
+        "rollout": {"batch_size": config.batch_size, "group_size": config.group_size, "max_turns": config.max_turns,
+                    "max_new_tokens": config.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
+                    "max_prompt_tokens": config.max_prompt_tokens, "prompt_layout": layout,
+                    "history_window": config.history_window},
+        "credit": {"rho": config.rho, "cap": config.cap, "failure_cost": config.failure_cost},
+        "loss": {"kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef},
+        "optim": {"lr": config.lr, "mini_batch_size": config.mini_batch_size,
+                  "micro_batch_size": config.micro_batch_size},
+        "eval": {"every": config.eval_every, "num_tasks": config.eval_tasks, "greedy": True, "sampled": True,
+                 "at_start": True},
+        "run": {"steps": config.steps, "seed": config.seed, "save_every": config.steps, "keep_checkpoints": 1,
+                "threads": config.threads, "progress": True},
+    }  # fmt: skip
+
+
+def train_methods(config: DemoConfig, settings_file: Path, meter_dir: Path, out: Path) -> dict[str, list[dict]]:
+    """GRPO and DeltaTTG with the same settings file; returns each run's metrics records. Each run starts in a fresh
+    folder: the checkpoints of an earlier, longer run there would outlive this one's (the newest is kept)."""
+    runs = {}
+    for method in METHODS:
+        shutil.rmtree(out / method, ignore_errors=True)
+        overrides = [f"algo.method={method}", f"run.out={out / method}"]
+        if method != "grpo":
+            overrides.append(f"meter.path={meter_dir}")
+        print(f"[demo]   {method}: {config.steps} steps -> {out / method}", file=sys.stderr, flush=True)
+        runs[method] = train(resolve(PRESET, settings_file, overrides))
+    return runs
+
+
+# ---- stage 5: test-time guidance and a credit example ----------------------------------------------------------------
+@dataclass(frozen=True)
+class GuidanceRow:
+    """One column group of Table 9: success rate and average interaction length."""
+
+    name: str
+    candidates: int
+    success: float
+    steps: float
+
+
+def guidance_rows(config: DemoConfig, world: World, actor: BaseActor, meter: Any) -> list[GuidanceRow]:
+    """The base actor on held-out tasks: natural rollout (1 candidate), random-of-K and meter-guided-of-K (E.5)."""
+    tasks = world.tasks(config.eval_split, config.guidance_tasks)
+    natural = actor.policy(config, world, name="natural")
+    conditions: list[tuple[str, int, Policy]] = [("natural rollout", 1, natural)]
+    for select, name in (("random", "random selection"), ("meter", "progress meter")):
+        guided = GuidedPolicy(natural, meter if select == "meter" else None, candidates=config.candidates,
+                              select=select, make_env=world.make_env, seed=config.seed)  # fmt: skip
+        conditions.append((name, config.candidates, guided))
+    rows = []
+    for name, candidates, policy in conditions:
+        torch.manual_seed(config.seed)
+        trajectories = run_episodes(world.make_env, tasks, policy, max_turns=config.max_turns)
+        rows.append(GuidanceRow(name, candidates, mean([t.success for t in trajectories]),
+                                mean([t.num_steps for t in trajectories])))  # fmt: skip
+    return rows
+
+
+@dataclass
+class CreditExample:
+    """One group of base-actor rollouts with per-step credit under each estimator (``assign_credit`` records)."""
+
+    records: dict[str, list[dict]]  # method -> one record per trajectory of the group
+    actions: list[list[str]]  # each trajectory's actions
+
+    def shown(self) -> list[int]:
+        """The trajectories to draw: the longest success and the longest failure (whichever exist)."""
+        records = self.records["grpo"]
+        picks = []
+        for outcome in (True, False):
+            candidates = [i for i, r in enumerate(records) if r["success"] is outcome]
+            if candidates:
+                picks.append(max(candidates, key=lambda i: (len(self.actions[i]), -i)))
+        return picks
+
+
+def with_readings(trajectory: Trajectory, readings: list[MeterOutput | None]) -> Located:
+    """The trajectory as ``assign_credit`` reads it: a minimal record plus its meter readings."""
+    scored = replace(trajectory, meter=readings)
+    record = {"id": scored.id, "group": scored.group, "reward": scored.reward, "success": scored.success,
+              "step_tokens": scored.step_tokens,
+              "meter": [None if r is None else r.to_json() for r in readings]}  # fmt: skip
+    return Located("demo", 0, scored, record)
+
+
+def credit_example(config: DemoConfig, world: World, actor: BaseActor, meter: Any) -> CreditExample:
+    """G sampled base-actor rollouts on each of ``credit_tasks`` training tasks; the first group with both a success
+    and a failure (else the last group) gets per-step credit by GRPO and by DeltaTTG with the trained meter."""
+    torch.manual_seed(config.seed)
+    tasks = world.tasks(config.train_split, config.credit_tasks)
+    rollouts = run_episodes(world.make_env, tasks, actor.policy(config, world), group_size=config.group_size,
+                            max_turns=config.max_turns)  # fmt: skip
+    groups = [rollouts[k : k + config.group_size] for k in range(0, len(rollouts), config.group_size)]
+    group = next((g for g in groups if len({t.success for t in g}) == 2), groups[-1])
+    readings, _ = read_states(meter, [t.messages or [] for t in group])
+    items = [with_readings(t, r) for t, r in zip(group, readings)]
+    credit = CreditConfig(rho=config.rho, cap=config.cap, failure_cost=config.failure_cost)
+    records = {method: assign_credit(items, method, credit) for method in METHODS}
+    actions = [[m["content"] for m in t.messages or [] if m["role"] == "assistant"] for t in group]
+    return CreditExample(records, actions)
+
+
+# ---- the whole demo --------------------------------------------------------------------------------------------------
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    out: Path
+    timings: dict[str, float] = field(default_factory=dict)
+    actor: BaseActor | None = None
+    pool: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    meter_report: dict = field(default_factory=dict)
+    fit: MeterFit | None = None
+    runs: dict[str, list[dict]] = field(default_factory=dict)
+    guidance: list[GuidanceRow] = field(default_factory=list)
+    credit: CreditExample | None = None
+
+
+@contextlib.contextmanager
+def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Print the stage's start and its wall time; record the time under ``name``."""
+    print(f"[demo] {name} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - start
+    print(f"[demo] {name}: {timings[name]:.1f} s", file=sys.stderr, flush=True)
+
+
+def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> DemoResult:
+    """Every stage (without stage 5 unless ``guidance``); outputs under ``out`` (the report is written by
+    :func:`deltattg.demo.report.write_report`)."""
+    configure_process(config.threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = DemoResult(config, out)
+    timings = result.timings
+    world = build_world(config)
+
+    with stage("1 base actor (behaviour cloning)" if config.is_tiny else "1 base actor", timings):
+        actor = result.actor = base_actor(config, world, out / "actor")
+    with stage("2 trajectory pool", timings):
+        pool = collect_pool(config, world, actor)
+        write_jsonl(out / "pool.jsonl", (without_rollout_detail(t).to_json() for t in pool))
+        result.pool = policy_success(pool)
+        train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
+    with stage("3 progress meter", timings):
+        result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter")
+        meter = load_meter(out / "meter", device=torch_device("auto"))
+        result.fit = meter_fit(meter, heldout_pool)
+    with stage("4 RL: GRPO and DeltaTTG", timings):
+        settings_file = out / "train.yaml"
+        settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
+                                                sort_keys=False))  # fmt: skip
+        result.runs = train_methods(config, settings_file, out / "meter", out)
+    if guidance:
+        with stage("5 guidance and credit example", timings):
+            result.guidance = guidance_rows(config, world, actor, meter)
+            result.credit = credit_example(config, world, actor, meter)
+    return result
+
+
+def without_rollout_detail(trajectory: Trajectory) -> Trajectory:
+    """The trajectory without per-step prompt ids (rebuilt from the messages when needed; keeps the pool file small)."""
+    steps = [replace(step, prompt_ids=None) for step in trajectory.steps or []]
+    return replace(trajectory, steps=steps or None)

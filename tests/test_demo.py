@@ -1,0 +1,72 @@
+"""``deltattg demo --quick`` in-process through its command-line function: it writes ``report.md`` and every plot the
+report references (real PNG files), both methods' numbers in the report are the ones in their ``metrics.jsonl``, and
+the console gets the summary table. Real tiny models, no mocks; about a minute on one CPU thread."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deltattg.demo.cli import main
+from deltattg.demo.config import QUICK
+from deltattg.demo.report import LABELS, percent
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, str]:
+    """The quick demo's output folder and what it printed on stdout."""
+    out = tmp_path_factory.mktemp("demo")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["--quick", "--out", str(out), "--threads", "1"]) == 0
+    return out, printed.getvalue()
+
+
+def read_records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_report_and_every_plot_it_references_exist(demo):
+    out, _ = demo
+    report = (out / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
+    assert {"success.png", "credit.png", "meter_fit.png"} <= set(images)
+    for name in images:
+        assert (out / name).read_bytes()[:8] == PNG_SIGNATURE, name
+
+
+def test_report_shows_both_methods_numbers_from_their_metrics(demo):
+    out, _ = demo
+    report = (out / "report.md").read_text()
+    for method, label in LABELS.items():
+        records = read_records(out / method)
+        evals = [r for r in records if "eval/greedy_success" in r]
+        assert [r["step"] for r in evals] == list(range(QUICK["steps"] + 1))  # eval every step, and before the first
+        row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+        for mode in ("greedy", "sampled"):
+            first, last = evals[0][f"eval/{mode}_success"], evals[-1][f"eval/{mode}_success"]
+            assert f"{percent(first)} → {percent(last)}" in row, (method, mode, row)
+
+
+def test_both_methods_start_from_one_actor_and_seed(demo):
+    out, _ = demo
+    grpo, ours = (yaml.safe_load((out / method / "config.yaml").read_text()) for method in ("grpo", "deltattg"))
+    assert (grpo["algo"]["method"], ours["algo"]["method"]) == ("grpo", "deltattg")
+    assert grpo["meter"]["path"] is None and ours["meter"]["path"] == str(out / "meter")
+    assert grpo["actor"] == ours["actor"] and grpo["actor"]["model"] == str(out / "actor")
+    assert grpo["run"]["seed"] == ours["run"]["seed"] and grpo["rollout"] == ours["rollout"]
+
+
+def test_console_summary_has_both_methods_and_the_guidance_table(demo):
+    _, printed = demo
+    assert all(re.search(rf"^{label}\s", printed, re.MULTILINE) for label in LABELS.values())
+    for condition in ("natural rollout (1)", "random selection (4)", "progress meter (4)"):
+        assert condition in printed
