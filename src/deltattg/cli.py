@@ -387,9 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run the chosen ``func``: bad input and bad option combinations end with ``PROG COMMAND:
+    error: ...`` and exit status 2 (shared by ``deltattg`` and the subcommands that also run on their own)."""
     args = parser.parse_args(argv)
+    prog = " ".join(filter(None, [parser.prog, getattr(args, "command", None)]))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -397,7 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"deltattg: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except UsageError as exc:
-        parser.exit(EXIT_BAD_INPUT, f"deltattg {args.command}: error: {exc}\n")
+        parser.exit(EXIT_BAD_INPUT, f"{prog}: error: {exc}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_parsed(build_parser(), argv)
 
 
 if __name__ == "__main__":

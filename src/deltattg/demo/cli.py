@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from deltattg.cli import EXIT_BAD_INPUT, UsageError
+from deltattg.cli import UsageError, run_parsed
 
 DESCRIPTION = """\
 The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 10 minutes):
@@ -25,12 +25,12 @@ examples:
   deltattg demo                              # the full demo, ~10 minutes on 2 cores -> runs/demo/report.md
   deltattg demo --quick --out /tmp/demo      # < 2 minutes, nothing learns, every stage and plot runs (CI)
   deltattg demo --model smollm2              # SmolLM2-135M-Instruct actor (offline): RL takes minutes per step on CPU
-  ALFWORLD_DATA=/data deltattg demo --env alfworld --model smollm2
+  deltattg demo --env alfworld --data ALFWORLD_JSON_DIR --model smollm2
                                              # the real benchmark: hours on CPU (resets take seconds), meant for a GPU
 
 --model takes any HF id or path, 'smollm2' or DIR::FILE.gguf; a pretrained actor is used as it is (no cloning) with
 the paper's prompt (history window 2) and lr 1e-6. --env alfworld needs the [alfworld] extra and the json_2.1.1 game
-files in $ALFWORLD_DATA; it does not fit 10 minutes.
+files (--data or $ALFWORLD_DATA); it does not fit 10 minutes.
 """
 
 
@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", choices=["household", "alfworld"], default="household",
                         help="household (built in, default) or alfworld (real games from $ALFWORLD_DATA; "
                         "slow)")  # fmt: skip
+    parser.add_argument("--data", metavar="DIR", help="alfworld: the json_2.1.1 game files (default: $ALFWORLD_DATA)")
     parser.add_argument("--seed", type=int, default=0, help="one seed for everything (default 0)")
     parser.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: the demo's, 1)")
     parser.set_defaults(func=cmd_demo)
@@ -68,7 +69,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from deltattg.demo.report import summary_table, write_report
 
     try:
-        config = demo_config(quick=args.quick, model=args.model, env=args.env, seed=args.seed, threads=args.threads)
+        config = demo_config(quick=args.quick, model=args.model, env=args.env, data_dir=args.data, seed=args.seed,
+                             threads=args.threads)
         result = run_demo(config, args.out)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
@@ -82,8 +84,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deltattg demo", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UsageError as exc:
-        parser.exit(EXIT_BAD_INPUT, f"deltattg demo: error: {exc}\n")
+    return run_parsed(parser, argv)

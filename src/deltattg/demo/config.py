@@ -146,10 +146,16 @@ ALFWORLD: dict[str, Any] = {  # the real benchmark (Table 4 turns are 50; fewer 
 
 
 def demo_config(
-    *, quick: bool = False, model: str | None = None, env: str = "household", seed: int = 0, threads: int | None = None
+    *,
+    quick: bool = False,
+    model: str | None = None,
+    env: str = "household",
+    data_dir: str | None = None,
+    seed: int = 0,
+    threads: int | None = None,
 ) -> DemoConfig:
-    """The defaults, then a pretrained ``model`` (SmolLM2 by default on ALFWorld), then ``env`` alfworld, then
-    ``quick``; ``seed`` and ``threads`` last."""
+    """The defaults, then a pretrained ``model`` (SmolLM2 by default on ALFWorld), then ``env`` alfworld (game files
+    in ``data_dir``, default $ALFWORLD_DATA), then ``quick``; ``seed`` and ``threads`` last."""
     if env not in ("household", "alfworld"):
         raise ValueError(f"the demo runs on household or alfworld, not {env!r}")
     model = model or ("smollm2" if env == "alfworld" else TINY)
@@ -163,4 +169,4 @@ def demo_config(
         config = config.replace(**ALFWORLD)
     if quick:
         config = config.replace(**{k: v for k, v in QUICK.items() if env == "household" or k != "env_options"})
-    return config.replace(seed=seed, **({"threads": threads} if threads else {}))
+    return config.replace(seed=seed, data_dir=data_dir, **({"threads": threads} if threads else {}))

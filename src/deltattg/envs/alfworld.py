@@ -75,7 +75,7 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
     """The folder holding the game files: ``data_dir``, else ``$ALFWORLD_DATA``."""
     chosen = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
     if not chosen:
-        raise FileNotFoundError(f"no ALFWorld data: pass data_dir or set {DATA_ENV_VAR}")
+        raise FileNotFoundError(f"no ALFWorld data: pass the json_2.1.1 folder (--data) or set {DATA_ENV_VAR}")
     root = Path(chosen).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"ALFWorld data folder {root} does not exist")

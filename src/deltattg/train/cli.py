@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from deltattg.cli import EXIT_BAD_INPUT, UsageError
+from deltattg.cli import UsageError, run_parsed
 from deltattg.train.config import PRESETS
 
 EPILOG = """\
@@ -124,8 +124,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="deltattg train", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UsageError as exc:
-        parser.exit(EXIT_BAD_INPUT, f"deltattg train: error: {exc}\n")
+    return run_parsed(parser, argv)
