@@ -27,6 +27,7 @@ a quiet machine); ``--report-only`` redraws the tables and plot from the runs al
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -34,7 +35,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from deltattg.demo.config import demo_config
+import yaml
+
+from deltattg.demo.config import DemoConfig, demo_config
 from deltattg.demo.pipeline import METHODS, run_demo
 from deltattg.demo.report import LABELS, COLORS, eval_records, markdown_table, pyplot, step_records
 from deltattg.train import read_metrics
@@ -111,7 +114,8 @@ def run_seeds(args: argparse.Namespace) -> None:
     """The demo's pipeline up to RL, once per seed, into ``--out/seed-N``."""
     for seed in args.seeds:
         config = demo_config(quick=args.quick, seed=seed, threads=args.threads)
-        config = config.replace(steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks)
+        config = config.replace(steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks,
+                                **dict(args.set))
         start = time.perf_counter()
         run_demo(config, args.out / f"seed-{seed}", guidance=False)
         print(f"[bench] seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
@@ -185,6 +189,17 @@ def report(runs: dict[str, list[list[dict]]], seeds: Sequence[int], command: str
     return text + "\n", figures
 
 
+def demo_setting(text: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); the field must be one of
+    :class:`DemoConfig`'s."""
+    name, sep, value = text.partition("=")
+    if not sep or name not in {f.name for f in dataclasses.fields(DemoConfig)}:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD a DemoConfig field")
+    default = getattr(DemoConfig(), name)
+    parsed = yaml.safe_load(value)
+    return name, float(parsed) if isinstance(default, float) else parsed  # YAML reads 1e-4 as a string
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -193,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks per evaluation (default 40)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
+    parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
+                        help="change one DemoConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test of this "
                         "script: --quick --steps 2 --eval-every 1 --eval-tasks 3 --seeds 0 1)")  # fmt: skip
