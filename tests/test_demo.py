@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from deltattg.demo.cli import main
@@ -18,6 +19,7 @@ from deltattg.demo.config import QUICK
 from deltattg.demo.report import LABELS, percent
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+THREADS_BEFORE = torch.get_num_threads()
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +72,10 @@ def test_console_summary_has_both_methods_and_the_guidance_table(demo):
     assert all(re.search(rf"^{label}\s", printed, re.MULTILINE) for label in LABELS.values())
     for condition in ("natural rollout (1)", "random selection (4)", "progress meter (4)"):
         assert condition in printed
+
+
+def test_the_demo_leaves_the_process_as_it_found_it(demo):
+    """It flushes denormals and sets torch threads while it runs; afterwards subnormal floats exist again (hypothesis,
+    later in the same pytest process, refuses to run without them) and the thread count is what it was."""
+    assert torch.tensor(1e-310, dtype=torch.float64).item() != 0.0
+    assert torch.get_num_threads() == THREADS_BEFORE

@@ -52,16 +52,26 @@ PRESET = "household-tiny"  # the trainer preset under the demo's settings (the d
 
 
 # ---- the machine and the world ---------------------------------------------------------------------------------------
-def configure_process(threads: int) -> None:
-    """``threads`` torch intra-op threads (set explicitly: OpenMP oversubscription on a busy 2-core box costs up to
-    30x); denormals flushed to zero (a tiny model's weights and gradients drift into denormal values, which CPUs
-    compute slowly: behaviour-cloning epochs grew from ~11 s to ~26 s without it on this machine); no transformers
-    progress bars (the demo prints its own stages)."""
+@contextlib.contextmanager
+def process_settings(threads: int) -> Iterator[None]:
+    """For the demo's duration: ``threads`` torch intra-op threads (set explicitly: OpenMP oversubscription on a busy
+    2-core box costs up to 30x); denormals flushed to zero (a tiny model's weights and gradients drift into denormal
+    values, which CPUs compute slowly: behaviour-cloning epochs grew from ~11 s to ~26 s without it on this machine);
+    no transformers progress bars (the demo prints its own stages). All three are undone on exit: flushing
+    denormals is process-wide and would break callers that need IEEE subnormals (hypothesis refuses to run)."""
     from transformers.utils import logging as hf_logging
 
+    threads_before, bars_before = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads_before)
+        if bars_before:
+            hf_logging.enable_progress_bar()
 
 
 def env_config(config: DemoConfig) -> EnvConfig:
@@ -387,33 +397,33 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> DemoResult:
     """Every stage (without stage 5 unless ``guidance``); outputs under ``out`` (the report is written by
     :func:`deltattg.demo.report.write_report`)."""
-    configure_process(config.threads)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = DemoResult(config, out)
-    timings = result.timings
-    world = build_world(config)
+    with process_settings(config.threads):
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        result = DemoResult(config, out)
+        timings = result.timings
+        world = build_world(config)
 
-    with stage("1 base actor (behaviour cloning)" if config.is_tiny else "1 base actor", timings):
-        actor = result.actor = base_actor(config, world, out / "actor")
-    with stage("2 trajectory pool", timings):
-        pool = collect_pool(config, world, actor)
-        write_jsonl(out / "pool.jsonl", (without_rollout_detail(t).to_json() for t in pool))
-        result.pool = policy_success(pool)
-        train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
-    with stage("3 progress meter", timings):
-        result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter")
-        meter = load_meter(out / "meter", device=torch_device("auto"))
-        result.fit = meter_fit(meter, heldout_pool)
-    with stage("4 RL: GRPO and DeltaTTG", timings):
-        settings_file = out / "train.yaml"
-        settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
-                                                sort_keys=False))  # fmt: skip
-        result.runs = train_methods(config, settings_file, out / "meter", out)
-    if guidance:
-        with stage("5 guidance and credit example", timings):
-            result.guidance = guidance_rows(config, world, actor, meter)
-            result.credit = credit_example(config, world, actor, meter)
+        with stage("1 base actor (behaviour cloning)" if config.is_tiny else "1 base actor", timings):
+            actor = result.actor = base_actor(config, world, out / "actor")
+        with stage("2 trajectory pool", timings):
+            pool = collect_pool(config, world, actor)
+            write_jsonl(out / "pool.jsonl", (without_rollout_detail(t).to_json() for t in pool))
+            result.pool = policy_success(pool)
+            train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
+        with stage("3 progress meter", timings):
+            result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter")
+            meter = load_meter(out / "meter", device=torch_device("auto"))
+            result.fit = meter_fit(meter, heldout_pool)
+        with stage("4 RL: GRPO and DeltaTTG", timings):
+            settings_file = out / "train.yaml"
+            settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
+                                                    sort_keys=False))  # fmt: skip
+            result.runs = train_methods(config, settings_file, out / "meter", out)
+        if guidance:
+            with stage("5 guidance and credit example", timings):
+                result.guidance = guidance_rows(config, world, actor, meter)
+                result.credit = credit_example(config, world, actor, meter)
     return result
 
 
