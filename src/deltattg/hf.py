@@ -37,7 +37,24 @@ def load_tokenizer(spec: str) -> Any:
 
 
 def load_causal_lm(spec: str, **kwargs: Any) -> Any:
+    """``AutoModelForCausalLM`` for a model spec; a GGUF file dequantised to plain tensors comes back as an ordinary
+    model (see :func:`without_gguf_quantizer`)."""
     from transformers import AutoModelForCausalLM
 
     path, extra = resolve_pretrained(spec)
-    return AutoModelForCausalLM.from_pretrained(path, **extra, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **extra, **kwargs)
+    return without_gguf_quantizer(model) if "gguf_file" in extra else model
+
+
+def without_gguf_quantizer(model: Any) -> Any:
+    """Forget the GGUF quantizer of a model whose every weight transformers dequantised to a plain tensor (its legacy
+    GGUF path, and the ``dequantize`` option): nothing quantized is left, yet the quantizer makes ``save_pretrained``
+    refuse ("not serializable") and marks the model untrainable. Without it the model saves as safetensors, trains
+    and reloads like any HF checkpoint. A model that keeps packed GGUF layers is returned as it is."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if type(quantizer).__name__ != "GgufHfQuantizer" or getattr(quantizer, "packed_modules", None):
+        return model
+    del model.hf_quantizer  # an unquantized model has no such attribute
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model
