@@ -16,7 +16,7 @@ Outputs under ``--out``: one folder per seed (the runs' ``metrics.jsonl`` and co
     the policy), with the rollout / meter / credit / update split.
 
 Nothing here asserts anything: on a shared 2-core machine the timings are noisy and a few seeds of a tiny actor
-leave wide error bars; read the spread next to the means. It takes tens of minutes (about 8 per seed at 40 steps on
+leave wide error bars; read the spread next to the means. It takes tens of minutes (about 9 per seed at 40 steps on
 a quiet machine); ``--report-only`` redraws the tables and plot from the runs already under ``--out``.
 
     .venv/bin/python bench/bench_train.py                          # seeds 0 1 2, 40 steps
