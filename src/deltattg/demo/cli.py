@@ -22,8 +22,8 @@ The main job, end to end on the built-in household environment (no network, 2 CP
 
 EPILOG = """\
 examples:
-  deltattg demo                              # the full demo, ~10 minutes on 2 cores -> runs/demo/report.md
-  deltattg demo --quick --out /tmp/demo      # < 2 minutes, nothing learns, every stage and plot runs (CI)
+  deltattg demo                              # the full demo, ~8 minutes on 2 cores -> runs/demo/report.md
+  deltattg demo --quick --out runs/quick     # < 2 minutes, nothing learns, every stage and plot runs (CI)
   deltattg demo --model smollm2              # SmolLM2-135M-Instruct actor (offline): RL takes minutes per step on CPU
   deltattg demo --env alfworld --data ALFWORLD_JSON_DIR --model smollm2
                                              # the real benchmark: hours on CPU (resets take seconds), meant for a GPU
@@ -63,7 +63,8 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run every stage, write the report, print the summary table (bad options: a usage error, exit 2)."""
+    """Run every stage, write the report, print the summary table (bad options, missing data or extras: a usage
+    error, exit 2)."""
     from deltattg.demo.config import demo_config
     from deltattg.demo.pipeline import run_demo
     from deltattg.demo.report import summary_table, write_report
@@ -71,8 +72,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         config = demo_config(quick=args.quick, model=args.model, env=args.env, data_dir=args.data, seed=args.seed,
                              threads=args.threads)
+    except ValueError as exc:  # an option combination the demo does not run
+        raise UsageError(str(exc)) from exc
+    try:
         result = run_demo(config, args.out)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except (FileNotFoundError, ImportError) as exc:  # missing game files or a missing extra
         raise UsageError(str(exc)) from exc
     report = write_report(result)
     print(summary_table(result))

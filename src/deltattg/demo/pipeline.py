@@ -45,6 +45,7 @@ from deltattg.rollout.prompts import PromptConfig
 from deltattg.tiny import tiny_llama
 from deltattg.train import behaviour_clone, demonstrations, env_factory, load_actor, resolve, train
 from deltattg.train.actor import torch_device
+from deltattg.train.trainer import mean
 from deltattg.train.config import ActorConfig, EnvConfig
 
 METHODS = ("grpo", "deltattg")
@@ -174,13 +175,9 @@ def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, f
     """Per policy: (episodes, success rate, mean steps)."""
     out = {}
     for name in dict.fromkeys(t.policy or "?" for t in trajectories):
-        mine = [t for t in trajectories if t.policy == name]
+        mine = [t for t in trajectories if (t.policy or "?") == name]
         out[name] = (len(mine), mean([t.success for t in mine]), mean([t.num_steps for t in mine]))
     return out
-
-
-def mean(values: Sequence[float | bool]) -> float:
-    return float(sum(values)) / len(values) if values else 0.0
 
 
 # ---- stage 3: the progress meter -------------------------------------------------------------------------------------
@@ -344,12 +341,9 @@ class CreditExample:
 
 
 def with_readings(trajectory: Trajectory, readings: list[MeterOutput | None]) -> Located:
-    """The trajectory as ``assign_credit`` reads it: a minimal record plus its meter readings."""
+    """The trajectory with its meter readings, as ``assign_credit`` reads it."""
     scored = replace(trajectory, meter=readings)
-    record = {"id": scored.id, "group": scored.group, "reward": scored.reward, "success": scored.success,
-              "step_tokens": scored.step_tokens,
-              "meter": [None if r is None else r.to_json() for r in readings]}  # fmt: skip
-    return Located("demo", 0, scored, record)
+    return Located("demo", 0, scored, scored.to_json())
 
 
 def credit_example(config: DemoConfig, world: World, actor: BaseActor, meter: Any) -> CreditExample:

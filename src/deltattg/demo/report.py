@@ -13,8 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from deltattg.demo.pipeline import METHODS, CreditExample, DemoResult, GuidanceRow, MeterFit, mean
+from deltattg.demo.pipeline import METHODS, CreditExample, DemoResult, GuidanceRow, MeterFit
 from deltattg.train.config import to_dict
+from deltattg.train.trainer import mean
 
 LABELS = {"grpo": "GRPO", "deltattg": "DeltaTTG"}
 COLORS = {"grpo": "#4c72b0", "deltattg": "#dd8452"}

@@ -260,8 +260,8 @@ def read_features(hidden: Tensor, window: Window, pooling: str) -> Tensor:
     if pooling == "last":
         return last
     cumulative = torch.cat([torch.zeros_like(hidden[:1]), hidden.cumsum(0)])
-    ends = torch.tensor(window.positions) + 1
-    starts = torch.tensor(window.starts)
+    ends = torch.tensor(window.positions, device=hidden.device) + 1
+    starts = torch.tensor(window.starts, device=hidden.device)
     means = (cumulative[ends] - cumulative[starts]) / (ends - starts)[:, None].to(hidden.dtype)
     return torch.cat([last, means], dim=1)
 
