@@ -83,3 +83,13 @@ def test_bounded_normalization_is_identity_when_no_cap_binds():
     tokens = torch.tensor([[4, 4, 4]])
     # w⁰ = 12·q / (4·1.0) = 3q = [1.5, 0.9, 0.6], all below M = 5: B_M returns w⁰ unchanged.
     assert bounded_token_normalization(shares, tokens, 5.0).tolist()[0] == pytest.approx([1.5, 0.9, 0.6])
+
+
+def test_a_predicted_success_never_costs_more_than_failure():
+    # Success, A > 0, readings [ttg 500, fail, ttg 10] at C = 100, n = [1, 1, 1], terminal c_T = 0.
+    # Clamped (ours): c = [min(500, 100), 100, 10, 0] = [100, 100, 10, 0] -> Δ = [0, 90, 10]; step 0 -> failure is
+    # no progress. q = 0.2/3 + 0.8·[0, 0.9, 0.1] = [1/15, 0.72 + 1/15, 0.08 + 1/15]; n = 1 -> w = 3q = [0.2, 2.36, 0.44].
+    # Unclamped, Δ_0 = 500 − 100 = 400 would have rewarded walking into predicted failure with the largest share.
+    batch = step_batch([1.0, 0.0], [True, False], ["g", "g"], [[1, 1, 1], [1]], [[OK(500), FAIL, OK(10)], [FAIL]])
+    credit = get_estimator("deltattg")(batch, CreditConfig(failure_cost=100))
+    assert credit.step_weights[0].tolist() == pytest.approx([0.2, 2.36, 0.44], rel=1e-5)

@@ -1,8 +1,10 @@
 """The trainer on CPU with tiny real models: every estimator trains, resume after a kill continues exactly, DAPO's filter
-drops exactly the zero-variance groups, the meter is asked only about A ≠ 0 trajectories, token-mean is exact.
+drops exactly the zero-variance groups (and stops with a clear error when nothing is left), the meter is asked only
+about A ≠ 0 trajectories, token-mean is exact.
 
-The actor is a tiny word-level Llama behaviour-cloned on the expert's solutions of two easy household tasks, so its
-sampled rollouts both win and lose (groups with reward variance); the meter is a tiny random ``RegressionMeter``.
+The actor is a tiny random word-level Llama; outcomes are scripted (``ScriptedOutcomes``), not left to what the actor
+happens to sample, so every group has reward variance on any machine. The meter is a tiny random ``RegressionMeter``
+or the household oracle.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaModel
 
+from collections import Counter
+
 from deltattg.data.trajectory import Trajectory
+from deltattg.envs.base import StepResult
 from deltattg.envs.household import HouseholdConfig, HouseholdEnv
 from deltattg.hf import load_tokenizer
 from deltattg.loss import LossConfig
@@ -41,16 +46,15 @@ from deltattg.train import (
 )
 from deltattg.train.cli import main as train_main
 from deltattg.train.config import AlgoConfig, OptimConfig, RolloutConfig, dump, with_changes
-from deltattg.train.rollouts import TaskSampler, collect
+from deltattg.train.rollouts import DynamicSamplingExhausted, TaskSampler, collect
 from deltattg.train.rows import Row, collate, response_logprobs, rows_logprobs
 from deltattg.train.trainer import ppo_update
 
-EASY = {
+EASY = {  # plans of 7-9 actions: no episode of MAX_TURNS can win by itself, only by script
     "n_train": 2,
     "n_valid_seen": 2,
-    "start_closed": False,
-    "plan_length": [3, 4],
-    "task_types": ["pick_and_place_simple"],
+    "plan_length": [7, 9],
+    "task_types": ["pick_two_obj_and_place"],
 }
 MAX_TURNS = 6
 METHODS = ["grpo", "dapo", "deltattg", "pos", "rho0", "feas", "logit", "value"]
@@ -70,30 +74,61 @@ def easy_env() -> HouseholdEnv:
     return HouseholdEnv(HouseholdConfig.short(**{k: tuple(v) if isinstance(v, list) else v for k, v in EASY.items()}))
 
 
+class ScriptedOutcomes:
+    """A constructor of household environments whose outcome is scripted, whatever the actor does: the k-th reset of
+    a task (counted per task over every instance made) wins on action ``wins(k)`` (None: never wins). Groups reset a
+    task G times in a row, so with ``wins`` alternating every group has both outcomes; the count depends only on
+    which tasks were sampled, so a resumed run sees the outcomes a straight run sees. Observations, admissible
+    actions and ``describe()`` are the real environment's (the oracle meter replays them)."""
+
+    def __init__(self, wins=lambda k: {0: 1, 2: 3}.get(k % 4)):
+        self.wins = wins
+        self.resets: Counter[str] = Counter()
+
+    def __call__(self) -> "Scripted":
+        return Scripted(easy_env(), self)
+
+
+class Scripted:
+    def __init__(self, inner: HouseholdEnv, script: ScriptedOutcomes):
+        self.inner, self.script = inner, script
+        self.name, self.system_prompt, self.max_steps = inner.name, inner.system_prompt, inner.max_steps
+        self.tasks, self.admissible_actions, self.vocabulary = inner.tasks, inner.admissible_actions, inner.vocabulary
+        self.describe = inner.describe
+
+    def reset(self, task):
+        self.win_at = self.script.wins(self.script.resets[task.id])
+        self.script.resets[task.id] += 1
+        self.steps = 0
+        return self.inner.reset(task)
+
+    def step(self, action):
+        result = self.inner.step(action)
+        assert not result.won, "EASY tasks cannot be won within MAX_TURNS"
+        self.steps += 1
+        won = self.steps == self.win_at
+        return StepResult(result.observation, float(won), won or result.done, {**result.info, "won": won})
+
+
 @pytest.fixture(scope="module")
 def actor_dir(tmp_path_factory) -> Path:
-    """A tiny Llama (h64) cloned on the expert's solutions of the two easy tasks: it wins some sampled rollouts."""
-    env = easy_env()
+    """A tiny random Llama (h64) over the household vocabulary, saved as the trainer loads any actor."""
     config = resolve("household-tiny", overrides=["actor.tiny_hidden=64", "actor.tiny_heads=2"])
     from deltattg.train.actor import load_actor
 
-    model, tokenizer = load_actor(config.actor, env, PromptConfig(), MAX_TURNS, seed=0)
-    policy = LMPolicy(model, tokenizer, SamplingConfig(max_new_tokens=10))
-    demos = demonstrations(policy, easy_env, env.tasks("train"), MAX_TURNS)
-    losses = behaviour_clone(model, tokenizer, demos, lr=5e-3, epochs=60, batch_size=32)
-    assert losses[-1] < 0.2 * losses[0]
+    model, tokenizer = load_actor(config.actor, easy_env(), PromptConfig(), MAX_TURNS, seed=0)
     out = tmp_path_factory.mktemp("actor")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
-def tiny_regression_meter(tokenizer, seed: int = 0) -> RegressionMeter:
+def tiny_regression_meter(tokenizer, seed: int = 0, target: str = "ttg") -> RegressionMeter:
     torch.manual_seed(seed)
     backbone = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096))  # fmt: skip
     return RegressionMeter(
-        backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=4096, head_hidden=16)
+        backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=4096, head_hidden=16, target=target)
     ).eval()
 
 
@@ -101,6 +136,14 @@ def tiny_regression_meter(tokenizer, seed: int = 0) -> RegressionMeter:
 def meter_dir(tmp_path_factory, actor_dir) -> Path:
     out = tmp_path_factory.mktemp("meter")
     tiny_regression_meter(load_tokenizer(str(actor_dir))).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def score_meter_dir(tmp_path_factory, actor_dir) -> Path:
+    """An outcome-score meter (``train-meter --target score``): what the ``value`` ablation reads."""
+    out = tmp_path_factory.mktemp("score-meter")
+    tiny_regression_meter(load_tokenizer(str(actor_dir)), target="score").save_pretrained(out)
     return out
 
 
@@ -124,10 +167,12 @@ def without_timing(record: dict) -> dict:
 
 
 # ---- a 2-step run of every estimator ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", METHODS)
-def test_two_steps_of_each_method_train_and_log(tmp_path, actor_dir, meter_dir, method):
-    config = small_config(tmp_path / "run", actor_dir, method, meter_dir if method not in ("grpo", "dapo") else None)
-    records = train(config)
+@pytest.mark.parametrize("method", [*METHODS, "deltattg+oracle"])
+def test_two_steps_of_each_method_train_and_log(tmp_path, actor_dir, meter_dir, score_meter_dir, method):
+    method, _, oracle = method.partition("+")
+    meter = oracle or {"grpo": None, "dapo": None, "value": score_meter_dir}.get(method, meter_dir)
+    config = small_config(tmp_path / "run", actor_dir, method, meter)
+    records = train(config, make_env=ScriptedOutcomes())
 
     assert [r["step"] for r in records] == [0, 1, 2]
     assert [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == records
@@ -135,14 +180,14 @@ def test_two_steps_of_each_method_train_and_log(tmp_path, actor_dir, meter_dir, 
     before, after = weights(actor_dir), weights(tmp_path / "run" / "checkpoints" / "step-2" / "actor")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     for r in records[1:]:
-        assert r["rollout_logprob_gap"] < 1e-4  # the update's θ_old equals the sampling policy
+        assert "rollout_logprob_gap" not in r  # the preset's θ_old log-probs are the sampler's: nothing recomputed
         assert r["train/rows"] > 0 and r["optimizer_steps"] >= 1 and "eval/greedy_success" in records[0]
         assert r["cumulative_response_tokens"] == sum(q["rollout/response_tokens"] for q in records[1 : r["step"] + 1])
         assert sum(v for k, v in r.items() if k.startswith("credit/")) == r["train/trajectories"]
         assert 0.0 <= r["meter_share"] < 1.0
     assert any(r["advantage/nonzero_trajectories"] > 0 for r in records[1:]), "no reward variance: the test is vacuous"
-    if method == "dapo":
-        assert all(r["dapo/kept_groups"] <= 2 and 1 <= r["dapo/gen_batches"] <= 10 for r in records[1:])
+    if method == "dapo":  # every scripted group has both outcomes: the first generation batch is kept whole
+        assert all(r["dapo/kept_groups"] == 2 and r["dapo/gen_batches"] == 1 for r in records[1:])
         assert config.loss.kl_coef == 0.0 and "kl" not in records[1]
     elif method == "grpo":
         assert all(r["credit/outcome_only"] == r["advantage/nonzero_trajectories"] for r in records[1:])
@@ -150,7 +195,30 @@ def test_two_steps_of_each_method_train_and_log(tmp_path, actor_dir, meter_dir, 
         for r in records[1:]:
             assert r["meter/trajectories"] == r["advantage/nonzero_trajectories"]
             assert r["meter/invalid"] == 0 and r["credit/invalid_group"] == 0
-        assert sum(r["credit/redistributed"] + r["credit/zero_mass"] for r in records[1:]) > 0
+            if oracle:  # the planner sees no way to finish 7+ actions in 6 turns: every state reads "will fail"
+                assert r["credit/all_unsuccessful"] == r["advantage/nonzero_trajectories"]
+        if not oracle:
+            assert sum(r["credit/redistributed"] + r["credit/zero_mass"] for r in records[1:]) > 0
+
+
+def test_value_needs_an_outcome_score_meter(tmp_path, actor_dir, meter_dir):
+    """``value`` reads S(h) from a score meter; a Token-to-Go meter's completion logit is not silently turned into one."""
+    with pytest.raises(ValueError, match="value reads 'score'"):
+        train(small_config(tmp_path / "run", actor_dir, "value", meter_dir), make_env=ScriptedOutcomes())
+
+
+def test_recomputed_old_logprobs_equal_the_sampled_ones(tmp_path, actor_dir):
+    config = small_config(tmp_path / "run", actor_dir, "grpo", None, "optim.recompute_old_logprobs=true")
+    records = train(config, make_env=ScriptedOutcomes())
+    assert all(r["rollout_logprob_gap"] < 1e-4 for r in records[1:])  # θ_old's forward pass = the sampler's log-probs
+
+
+def test_dapo_that_keeps_no_group_stops_naming_the_setting(tmp_path, actor_dir):
+    config = small_config(tmp_path / "run", actor_dir, "dapo", None, "algo.max_gen_batches=3")
+    with pytest.raises(DynamicSamplingExhausted, match=r"algo\.max_gen_batches=3.*all 6 groups"):
+        train(config, make_env=ScriptedOutcomes(wins=lambda k: None))  # every rollout loses
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [0]  # the evaluation before training; no empty step was logged
 
 
 # ---- resume after a kill ---------------------------------------------------------------------------------------------
@@ -159,12 +227,14 @@ def logged_steps(out: Path) -> list[int]:
 
 
 def test_resume_continues_exactly(tmp_path, actor_dir, meter_dir):
-    straight = train(small_config(tmp_path / "a", actor_dir, "deltattg", meter_dir, "run.steps=4"))
+    straight = train(small_config(tmp_path / "a", actor_dir, "deltattg", meter_dir, "run.steps=4"),
+                     make_env=ScriptedOutcomes())  # fmt: skip
     b = tmp_path / "b"
-    first = train(small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=2", "run.keep_checkpoints=1"))  # dies
-    resumed = train(
-        small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=4", "run.keep_checkpoints=1"), resume="latest"
-    )
+    first = train(small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=2", "run.keep_checkpoints=1"),
+                  make_env=ScriptedOutcomes())  # dies  # fmt: skip
+    resumed = train(small_config(b, actor_dir, "deltattg", meter_dir, "run.steps=4", "run.keep_checkpoints=1"),
+                    resume="latest", make_env=ScriptedOutcomes())  # fmt: skip
+    assert any(r.get("meter/trajectories", 0) > 0 for r in straight), "the meter was never read: the test is vacuous"
     assert [without_timing(r) for r in first] == [without_timing(r) for r in straight[:3]]
     assert [without_timing(r) for r in resumed] == [without_timing(r) for r in straight]
     assert logged_steps(b) == [0, 1, 2, 3, 4]
@@ -245,7 +315,7 @@ def test_meter_reads_only_queried_trajectories_in_one_call(actor_dir):
     queried = [k % 2 == 0 for k in range(len(trajectories))]
     base = tiny_regression_meter(load_tokenizer(str(actor_dir)))
     meter = CountingMeter(base.backbone, base.tokenizer, base.config, base.head).eval()
-    readings, stats = read_states(meter, [t.messages for t in trajectories], queried)
+    readings, stats = read_states(meter, trajectories, queried)
     distinct = {json.dumps(t.messages) for t, q in zip(trajectories, queried) if q}
     assert sorted(json.dumps(m) for m in meter.asked) == sorted(distinct)
     assert stats.trajectories == sum(queried) and stats.sent == len(distinct)
@@ -255,7 +325,7 @@ def test_meter_reads_only_queried_trajectories_in_one_call(actor_dir):
 
     # The Meter protocol path (no single-pass method): one call with the distinct decision prefixes only.
     cached = CachedMeter(base)
-    protocol_readings, protocol_stats = read_states(cached, [t.messages for t in trajectories], queried)
+    protocol_readings, protocol_stats = read_states(cached, trajectories, queried)
     prefixes = {json.dumps(h) for t, q in zip(trajectories, queried) if q for h in t.prefixes()}
     assert cached.stats.requested == len(prefixes) == protocol_stats.sent
     assert [[r is None for r in row] for row in protocol_readings] == [[r is None for r in row] for row in readings]
@@ -302,12 +372,12 @@ def test_micro_batches_give_the_mini_batch_token_mean(micro):
 def test_lora_trains_adapters_only_and_kl_uses_the_base(tmp_path, actor_dir):
     lora = ("actor.lora_rank=4", "loss.kl_coef=0.1", "eval.every=0")
     config = small_config(tmp_path / "run", actor_dir, "grpo", None, *lora)
-    records = train(config)
+    records = train(config, make_env=ScriptedOutcomes())
     assert records[-1]["step"] == 2 and records[-1]["kl"] > 0.0  # π_ref is the base, not the adapted actor
     adapter = load_file(str(tmp_path / "run" / "checkpoints" / "step-2" / "actor" / "adapter_model.safetensors"))
     assert adapter and all("lora_" in k for k in adapter)
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapter.items())  # B starts at 0
-    resumed = train(with_changes(config, run={"steps": 3}), resume="latest")
+    resumed = train(with_changes(config, run={"steps": 3}), resume="latest", make_env=ScriptedOutcomes())
     assert [r["step"] for r in resumed] == [1, 2, 3]
 
 

@@ -115,7 +115,7 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args.tokenizer)
     if args.kind == "regression":
         meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars,
-                          "pooling": args.pooling}
+                          "pooling": args.pooling, "target": args.target}
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
                           "batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
@@ -124,6 +124,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
                                   meter_settings=meter_settings, train_settings=train_settings)
         print(f"{report['examples']} decision states; final loss {report['final_loss']:.4f}", file=sys.stderr)
     else:
+        if args.target != "ttg":
+            raise UsageError("--target score trains a regression meter (--kind regression)")
         settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
             settings["learning_rate"] = args.lr
@@ -135,8 +137,18 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
 
 def _meter(args: argparse.Namespace):
     from deltattg.meter.loading import load_meter
+    from deltattg.meter.oracle import ORACLE, OracleConfig
 
-    return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache)
+    if args.meter != ORACLE and (args.oracle_noise or args.oracle_flip):
+        raise UsageError("--oracle-noise and --oracle-flip dial the oracle meter: use them with --meter oracle")
+    try:
+        oracle = OracleConfig(noise=args.oracle_noise, flip=args.oracle_flip, seed=args.oracle_seed)
+        if args.meter == ORACLE and getattr(args, "tokenizer", None) is None:
+            raise ValueError("--meter oracle counts Token-to-Go with --tokenizer NAME_OR_PATH (the one `labels` uses)")
+        return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache,
+                          tokenizer=getattr(args, "tokenizer", None), oracle=oracle)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -203,6 +215,35 @@ def cmd_collect(args: argparse.Namespace) -> int:
         rate = sum(t.success for t in mine) / max(len(mine), 1)
         print(f"{spec.name:>16}: {len(mine)} episodes, success {100 * rate:.1f}%", file=sys.stderr)
     print(f"wrote {len(trajectories)} trajectories to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Per-step credit of several methods side by side; with --env household, credit precision."""
+    from pathlib import Path
+
+    from deltattg.credit import CreditConfig, available_estimators
+    from deltattg.credit.deltattg import needs_failure_cost
+    from deltattg.inspection import arms_of, inspect_credit, precision_table, write_report
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in available_estimators()]
+    if not methods or unknown:
+        raise UsageError(f"--methods: unknown {unknown or 'none given'}; choose from {', '.join(available_estimators())}")
+    if any(needs_failure_cost(m) for m in methods) and args.failure_cost is None:
+        raise UsageError("--methods with the ttg or feas signal need --failure-cost C")
+    if args.show < 1:
+        raise UsageError(f"--show must be at least 1, got {args.show}")
+    try:
+        config = CreditConfig(rho=args.rho, cap=args.cap, failure_cost=args.failure_cost)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    inputs = [(Path(path).stem, _read(path, args.skip_invalid)) for path in args.input]
+    result = inspect_credit(arms_of(inputs, methods), config, env=args.env, tokenizer=_tokenizer(args.tokenizer))
+    write_report(result, inputs[0][1], Path(args.out), show=args.show)
+    if result.precision:
+        print(precision_table(result))
+    print(f"wrote inspect.md, inspect.json and inspect.png to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -292,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     train_meter.add_argument("--pooling", choices=["last", "last+mean"], default="last",
                              help="regression: features of a decision state: the boundary token's hidden state, or also "
                              "the mean over its last block (default: last)")
+    train_meter.add_argument("--target", choices=["ttg", "score"], default="ttg",
+                             help="regression: what the value head predicts: ttg = log1p(Token-to-Go) of completable "
+                             "states (the DeltaTTG meter), score = the trajectory's final reward at every state (an "
+                             "outcome-score meter, read by --method value, E.4). Default: ttg")
     train_meter.add_argument("--full", action="store_true", help="regression: train the backbone too (default: frozen)")
     train_meter.add_argument("--head-epochs", type=int, default=40, help="regression, frozen backbone: head epochs")
     train_meter.add_argument("--epochs", type=int, default=1, help="epochs over the data when the backbone trains")
@@ -308,9 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_meter_source(p: argparse.ArgumentParser) -> None:
         p.add_argument("--meter", required=True, help="a trained meter folder, a model spec (untrained generative "
-                       "meter) or an OpenAI-compatible endpoint URL (vLLM / SGLang)")
+                       "meter), an OpenAI-compatible endpoint URL (vLLM / SGLang) or 'oracle' (household rollouts "
+                       "only: the planner's exact reading of each state, tokens counted with --tokenizer)")
         p.add_argument("--meter-model", help="with an endpoint URL: the served model's name")
         p.add_argument("--cache", help="SQLite file caching readings across runs (prefix-by-prefix meters)")
+        p.add_argument("--oracle-noise", type=float, default=0.0, metavar="SIGMA",
+                       help="--meter oracle: multiply each tokens_to_go by exp(SIGMA*z), z ~ N(0,1) (default 0)")
+        p.add_argument("--oracle-flip", type=float, default=0.0, metavar="P",
+                       help="--meter oracle: flip each can_complete with probability P (default 0)")
+        p.add_argument("--oracle-seed", type=int, default=0, help="--meter oracle: seed of the noise and flips")
         p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
     score = sub.add_parser(
@@ -375,6 +426,29 @@ def build_parser() -> argparse.ArgumentParser:
     collect_p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     _add_tokenizer(collect_p)
     collect_p.set_defaults(func=cmd_collect)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="per-step credit of several methods side by side; credit precision on household rollouts",
+        description="Assign credit with every --methods estimator to the scored trajectories of each INPUT (several "
+        "inputs: the same trajectories scored by different meters, e.g. a learned meter and the oracle; methods that "
+        "read no meter run on the first) and write OUT/inspect.md, inspect.json and inspect.png: per-step credit of a "
+        "few trajectories side by side. With --env household every trajectory is replayed with the planner, each step "
+        "is progress (its distance to the goal drops), neutral or regress, and the precision table gives each arm's "
+        "share of positive credit (A > 0, token-weighted) on progress steps and of negative credit (A < 0) on the "
+        "others, beside GRPO's uniform share.",
+    )
+    inspect.add_argument("input", nargs="+", help="scored trajectory JSONL (the same trajectories in every file)")
+    inspect.add_argument("--methods", default="grpo,deltattg", help="comma-separated estimators (default grpo,deltattg)")
+    inspect.add_argument("--out", required=True, help="folder for inspect.md, inspect.json and inspect.png")
+    inspect.add_argument("--env", choices=["household"], help="replay with this environment's planner: precision table")
+    inspect.add_argument("--failure-cost", type=float, default=None, metavar="C", help="C of Eq. 7 (ttg and feas methods)")
+    inspect.add_argument("--rho", type=float, default=0.2, help="uniform mixing ρ (Eq. 10), default 0.2")
+    inspect.add_argument("--cap", type=float, default=5.0, help="token multiplier cap M (D.4), default 5")
+    inspect.add_argument("--show", type=int, default=4, help="trajectories drawn and tabulated (default 4)")
+    _add_tokenizer(inspect)
+    _add_skip_invalid(inspect)
+    inspect.set_defaults(func=cmd_inspect)
 
     from deltattg.demo.cli import add_demo_parser
     from deltattg.train.cli import add_train_parser

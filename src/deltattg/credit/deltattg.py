@@ -33,8 +33,13 @@ def append_terminal(values: Tensor, terminal: Tensor, num_steps: Tensor) -> Tens
 
 
 def state_costs(meter: MeterReadings, failure_cost: float) -> Tensor:
-    """c_{i,t} = v̂_{i,t} if b̂_{i,t} = 1 else C (Eq. 7, nonterminal states)."""
-    return torch.where(meter.can_complete, meter.tokens_to_go, torch.full_like(meter.tokens_to_go, failure_cost))
+    """c_{i,t} = min(v̂_{i,t}, C) if b̂_{i,t} = 1 else C (Eq. 7, nonterminal states).
+
+    The clamp is ours (the paper leaves it open): a state predicted to succeed never costs more than failure, so a
+    step into predicted failure never shows progress (unclamped, ``[v̂=500, fail, v̂=10]`` at C = 100 would reward it).
+    """
+    failure = torch.full_like(meter.tokens_to_go, failure_cost)
+    return torch.where(meter.can_complete, torch.minimum(meter.tokens_to_go, failure), failure)
 
 
 def terminal_cost(success: Tensor, failure_cost: float, dtype: torch.dtype) -> Tensor:

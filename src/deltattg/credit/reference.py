@@ -82,7 +82,7 @@ def algorithm1(
         for t in range(T[i]):  # line 17 (and the E.4 variants)
             r = readings[t]
             if signal == "ttg":
-                potential.append(-(r.tokens_to_go if r.can_complete else C))
+                potential.append(-(min(r.tokens_to_go, C) if r.can_complete else C))  # v̂ clamped to C (ours)
             elif signal == "feas":
                 potential.append(-(0.0 if r.can_complete else C))
             elif signal == "logit":

@@ -244,7 +244,7 @@ def average_ranks(values: Sequence[float]) -> np.ndarray:
 
 def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
     """The meter's reading of every nonterminal decision state of ``trajectories``, next to its labels."""
-    readings, _ = read_states(meter, [t.messages or [] for t in trajectories])
+    readings, _ = read_states(meter, trajectories)
     fit = MeterFit([], [], [], [])
     for trajectory, row in zip(trajectories, readings):
         for ttg, reading in zip(remaining_sums(trajectory.step_tokens or []), row):
@@ -355,7 +355,7 @@ def credit_example(config: DemoConfig, world: World, actor: BaseActor, meter: An
                             max_turns=config.max_turns)  # fmt: skip
     groups = [rollouts[k : k + config.group_size] for k in range(0, len(rollouts), config.group_size)]
     group = next((g for g in groups if len({t.success for t in g}) == 2), groups[-1])
-    readings, _ = read_states(meter, [t.messages or [] for t in group])
+    readings, _ = read_states(meter, group)
     items = [with_readings(t, r) for t, r in zip(group, readings)]
     credit = CreditConfig(rho=config.rho, cap=config.cap, failure_cost=config.failure_cost)
     records = {method: assign_credit(items, method, credit) for method in METHODS}

@@ -64,6 +64,14 @@ class Branchable(Protocol):
 
 
 @runtime_checkable
+class Describable(Protocol):
+    """Environments that can say how to rebuild themselves: ``{"name": ..., "options": {...}}`` such that
+    ``deltattg.envs.registry.rebuild`` makes an identical one (recorded with every rollout, read by the oracle meter)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class HasExpert(Protocol):
     """Environments that know a good next action from the current state (planner, walkthrough, ground truth)."""
 

@@ -45,3 +45,14 @@ def env_factory(
             raise ImportError("the bfcl environment needs bfcl-eval (pip install --no-deps bfcl-eval mpmath)") from exc
         return lambda: BFCLEnv(**limit)
     raise ValueError(f"unknown environment {name!r}; choose from {', '.join(ENVIRONMENTS)}")
+
+
+def rebuild(description: dict[str, Any]) -> Callable[[], Environment]:
+    """The constructor of the environment a ``describe()`` dict names (``envs.base.Describable``): every option is
+    given, so the full-size defaults underneath never show through."""
+    if not isinstance(description, dict) or not isinstance(description.get("name"), str):
+        raise ValueError(f"an environment description is {{\"name\": ..., \"options\": {{...}}}}, got {description!r}")
+    options = description.get("options") or {}
+    if not isinstance(options, dict):
+        raise ValueError(f"environment options must be a mapping, got {options!r}")
+    return env_factory(description["name"], **options)

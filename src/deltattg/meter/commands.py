@@ -9,6 +9,7 @@ from typing import Any
 
 from deltattg.data.sources import Located
 from deltattg.data.tokens import resolve_step_tokens
+from deltattg.data.trajectory import Trajectory
 from deltattg.errors import InputError
 from deltattg.meter.base import Meter
 from deltattg.meter.loading import read_states
@@ -32,6 +33,23 @@ def _messages(item: Located) -> list[dict]:
     return item.trajectory.messages
 
 
+def _trajectory(item: Located) -> Trajectory:
+    """The record's trajectory, refused (located) when it has no messages to read decision prefixes from."""
+    _messages(item)
+    return item.trajectory
+
+
+def _read_located(meter: Meter, items: Sequence[Located], terminal: bool = False) -> list[list]:
+    """``read_states`` of the items' trajectories; a record the meter refuses (the oracle cannot replay it) is found
+    by reading the chunk's records one at a time, and the error names its file and line."""
+    try:
+        return read_states(meter, [_trajectory(item) for item in items], terminal=terminal)[0]
+    except InputError as exc:
+        if len(items) == 1:
+            raise exc.located(path=items[0].path, line=items[0].line) from None
+        return [row for item in items for row in _read_located(meter, [item], terminal)]
+
+
 def _located_tokens(item: Located, tokenizer: Any) -> list[int]:
     try:
         return resolve_step_tokens(item.trajectory, tokenizer)
@@ -53,7 +71,7 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
     windows, examples = [], []
     for item in items:
         w, e = trajectory_examples(meter, _messages(item), item.trajectory.success, _located_tokens(item, tokenizer),
-                                   len(windows))
+                                   len(windows), item.trajectory.reward)
         windows += w
         examples += e
     return train_regression_meter(meter, windows, examples, RegressionTrainConfig(output_dir=output_dir, **train_settings))
@@ -127,7 +145,7 @@ def score_records(items: Sequence[Located], meter: Meter, *, skip_zero_advantage
     with tqdm(total=len(chosen), desc="scoring", unit="traj", disable=not progress) as bar:
         for start in range(0, len(chosen), chunk):
             batch = chosen[start : start + chunk]
-            states, _ = read_states(meter, [_messages(items[k]) for k in batch])
+            states = _read_located(meter, [items[k] for k in batch])
             readings.update(zip(batch, states))
             bar.update(len(batch))
     out = []
@@ -155,7 +173,7 @@ def evaluate_steps(items: Sequence[Located], meter: Meter, failure_cost: float, 
     pairs: dict[tuple[str, str], list[tuple[int, int | None]]] = defaultdict(list)  # (dataset, readout) -> pairs
     for start in tqdm(range(0, len(labelled), 16), desc="eval-steps", unit="chunk", disable=not progress):
         batch = labelled[start : start + 16]
-        states, _ = read_states(meter, [_messages(item) for item in batch], terminal=True)
+        states = _read_located(meter, batch, terminal=True)
         for item, readings in zip(batch, states):
             labels = labelled_steps(item.trajectory.messages or [], item.trajectory.extra["step_labels"])
             dataset = str(item.trajectory.extra.get("data_source", "all"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltattg.data.trajectory import MeterOutput, assistant_indices
+from deltattg.data.trajectory import MeterOutput, Trajectory, assistant_indices
 from deltattg.meter.base import CachedMeter, Meter
 from deltattg.meter.prompt import prefix_hash
 
@@ -38,12 +38,26 @@ def load_meter(
     device: Any = "cpu",
     readout: str = "answer",
     cache: str | Path | None = None,
+    tokenizer: Any = None,
+    oracle: Any = None,
 ) -> Meter:
-    """A ready-to-read meter from a folder, a model spec or an ``http(s)://`` endpoint (``endpoint_model`` names
-    the served model); ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file."""
+    """A ready-to-read meter from a folder, a model spec, an ``http(s)://`` endpoint (``endpoint_model`` names
+    the served model) or ``oracle`` (the household planner; ``tokenizer``, an object or spec, counts its tokens;
+    ``oracle`` is its ``OracleConfig``); ``readout`` is the generative meter's (answer / logit / both); ``cache`` a
+    SQLite file."""
     from deltattg.meter.cache import ScoreCache
 
     spec = str(spec)
+    if spec == "oracle":
+        from deltattg.meter.oracle import OracleConfig, OracleMeter
+
+        if tokenizer is None:
+            raise ValueError("the oracle meter counts Token-to-Go with a tokenizer: pass --tokenizer")
+        if isinstance(tokenizer, str):
+            from deltattg.hf import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        return OracleMeter(tokenizer, oracle or OracleConfig())
     store = ScoreCache(cache) if cache else None
     if spec.startswith(("http://", "https://")):
         from deltattg.meter.endpoint import EndpointMeter
@@ -80,24 +94,33 @@ def state_prefixes(messages: list[dict], terminal: bool) -> list[list[dict]]:
 
 
 def read_states(
-    meter: Meter, trajectories: Sequence[list[dict]], queried: Sequence[bool] | None = None, *, terminal: bool = False
+    meter: Meter,
+    trajectories: Sequence[Trajectory],
+    queried: Sequence[bool] | None = None,
+    *,
+    terminal: bool = False,
 ) -> tuple[list[list[MeterOutput | None]], ReadStats]:
     """Readings of the decision states of every queried trajectory (all ``None`` for the others), in ONE meter call.
 
-    A meter with ``score_trajectories`` reads all states of a trajectory in one pass (identical trajectories sent
-    once); any other ``Meter`` gets the distinct decision prefixes.
+    A meter with ``score_records`` (the oracle) reads the trajectory records themselves; one with
+    ``score_trajectories`` reads all states of a trajectory's messages in one pass (identical trajectories sent once);
+    any other ``Meter`` gets the distinct decision prefixes.
     """
     queried = [True] * len(trajectories) if queried is None else list(queried)
-    prefixes = [state_prefixes(list(m), terminal) for m in trajectories]
+    messages = [list(t.messages or []) for t in trajectories]
+    prefixes = [state_prefixes(m, terminal) for m in messages]
     chosen = [i for i, ask in enumerate(queried) if ask]
     stats = ReadStats(trajectories=len(chosen), states=sum(len(prefixes[i]) for i in chosen))
     readings: dict[int, list[MeterOutput | None]] = {}
-    if chosen and hasattr(meter, "score_trajectories"):
-        distinct = {prefix_hash(trajectories[i]): trajectories[i] for i in chosen}
+    if chosen and hasattr(meter, "score_records"):
+        stats.sent = len(chosen)
+        readings = dict(zip(chosen, meter.score_records([trajectories[i] for i in chosen], terminal=terminal)))
+    elif chosen and hasattr(meter, "score_trajectories"):
+        distinct = {prefix_hash(messages[i]): messages[i] for i in chosen}
         stats.sent = len(distinct)
         scored = dict(zip(distinct, meter.score_trajectories(list(distinct.values()))))
         for i in chosen:
-            readings[i] = list(scored[prefix_hash(trajectories[i])][: len(prefixes[i])])
+            readings[i] = list(scored[prefix_hash(messages[i])][: len(prefixes[i])])
     elif chosen:
         distinct = {prefix_hash(h): h for i in chosen for h in prefixes[i]}
         stats.sent = len(distinct)

@@ -37,6 +37,7 @@ BOUNDARY = "\n### next action"
 REGRESSION_FORMAT_VERSION = 1
 CONFIG_NAME = "meter_config.json"
 POOLINGS = ("last", "last+mean")
+TARGETS = ("ttg", "score")
 HEAD_NAME = "head.pt"
 
 
@@ -48,6 +49,7 @@ class RegressionConfig:
     head_hidden: int = 256
     max_batch_tokens: int = 8192
     pooling: str = "last"  # "last": the boundary token's hidden state; "last+mean": also the mean over its last block
+    target: str = "ttg"  # "ttg": log1p(Token-to-Go) of completable states; "score": the final score (E.4 +value)
     kind: str = "regression"
     format_version: int = REGRESSION_FORMAT_VERSION
 
@@ -130,7 +132,7 @@ def plan_windows(block_ids: Sequence[list[int]], max_length: int, steps: Sequenc
 
 
 class ProgressHead(nn.Module):
-    """Hidden state -> (completion logit, log1p Token-to-Go)."""
+    """Hidden state -> (completion logit, value): log1p Token-to-Go, or the final score for a ``score`` meter."""
 
     def __init__(self, hidden: int, width: int):
         super().__init__()
@@ -140,12 +142,16 @@ class ProgressHead(nn.Module):
         return self.net(features)
 
 
-def readings_from_head(outputs: Tensor) -> list[MeterOutput]:
-    """b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 and the logit itself (E.4 +logit). v̂ is kept where b̂ = 0 too (the
-    head predicts the remaining work *if* the task completes; JSON output drops it there, as the answer format does)."""
+def readings_from_head(outputs: Tensor, target: str = "ttg") -> list[MeterOutput]:
+    """``ttg``: b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 and the logit itself (E.4 +logit); v̂ is kept where b̂ = 0 too
+    (the head predicts the remaining work *if* the task completes; JSON output drops it there, as the answer format
+    does). ``score``: the logit and the predicted final score S(h) (E.4 +value), no (b̂, v̂)."""
     out = []
-    for logit, log_ttg in outputs.detach().float().cpu().tolist():
-        ttg = float(max(round(math.expm1(min(log_ttg, 40.0))), 0))
+    for logit, value in outputs.detach().float().cpu().tolist():
+        if target == "score":
+            out.append(MeterOutput(logit=logit, score=value))
+            continue
+        ttg = float(max(round(math.expm1(min(value, 40.0))), 0))
         out.append(MeterOutput(can_complete=logit > 0, tokens_to_go=ttg, logit=logit))
     return out
 
@@ -159,6 +165,17 @@ def progress_loss(outputs: Tensor, can_complete: Tensor, tokens_to_go: Tensor, r
     return bce + regression_weight * nn.functional.smooth_l1_loss(outputs[can_complete, 1], target)
 
 
+def score_loss(outputs: Tensor, can_complete: Tensor, score: Tensor, regression_weight: float = 1.0) -> Tensor:
+    """BCE on the completion logit + smooth-L1 on the final score at every state (E.6's Future-Score meter)."""
+    bce = nn.functional.binary_cross_entropy_with_logits(outputs[:, 0], can_complete.float())
+    return bce + regression_weight * nn.functional.smooth_l1_loss(outputs[:, 1], score.float())
+
+
+def meter_loss(target: str, outputs: Tensor, can_complete: Tensor, value: Tensor, regression_weight: float) -> Tensor:
+    """The training loss of a ``target`` meter (``progress_loss`` or ``score_loss``)."""
+    return (score_loss if target == "score" else progress_loss)(outputs, can_complete, value, regression_weight)
+
+
 class RegressionMeter(nn.Module):
     """Backbone (HF ``AutoModel``) + :class:`ProgressHead`; implements the ``Meter`` protocol."""
 
@@ -169,6 +186,8 @@ class RegressionMeter(nn.Module):
         self.config = config
         if config.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {config.pooling!r}")
+        if config.target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {config.target!r}")
         width = backbone.config.hidden_size * (2 if config.pooling == "last+mean" else 1)
         self.head = head or ProgressHead(width, config.head_hidden)
         self._id: str | None = None
@@ -238,7 +257,7 @@ class RegressionMeter(nn.Module):
         """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window."""
         plans = [self.windows(messages) for messages in trajectories]
         flat = [w for plan in plans for w in plan]
-        readings = readings_from_head(self.head(self.boundary_features(flat))) if flat else []
+        readings = readings_from_head(self.head(self.boundary_features(flat)), self.config.target) if flat else []
         out, k = [], 0
         for plan in plans:
             n = sum(len(w.steps) for w in plan)
@@ -250,7 +269,7 @@ class RegressionMeter(nn.Module):
     def score(self, histories: Sequence[list[dict]]) -> list[MeterOutput | None]:
         """The ``Meter`` protocol: the reading of each history's own (last) decision state."""
         windows = [self.windows(h, steps=[len(assistant_indices(h))])[0] for h in histories]
-        return list(readings_from_head(self.head(self.boundary_features(windows)))) if windows else []
+        return list(readings_from_head(self.head(self.boundary_features(windows)), self.config.target)) if windows else []
 
 
 def read_features(hidden: Tensor, window: Window, pooling: str) -> Tensor:

@@ -24,10 +24,10 @@ READOUTS = ("binary", "expected")
 
 
 def state_cost(reading: MeterOutput | None, failure_cost: float) -> float | None:
-    """c(h) of Eq. 7 for one reading; ``None`` for an invalid one."""
+    """c(h) of Eq. 7 for one reading (v̂ clamped to C, as the credit does); ``None`` for an invalid one."""
     if reading is None or reading.can_complete is None:
         return None
-    return float(reading.tokens_to_go or 0.0) if reading.can_complete else failure_cost
+    return min(float(reading.tokens_to_go or 0.0), failure_cost) if reading.can_complete else failure_cost
 
 
 def expected_cost(reading: MeterOutput | None, failure_cost: float) -> float | None:

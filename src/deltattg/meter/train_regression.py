@@ -6,7 +6,8 @@ Two regimes:
     trained, for many epochs, in seconds;
   * ``freeze_backbone=False``: backbone and head train together (E.6: lr 1e-5 backbone / 1e-4 head, cosine schedule,
     5% warm-up, effective batch 32), resumable from ``output_dir/checkpoint-N``.
-Loss: BCE on the completion logit + smooth-L1 on log1p(TTG) over completable states (:func:`progress_loss`).
+Loss: BCE on the completion logit + smooth-L1 on log1p(TTG) over completable states (:func:`progress_loss`), or on
+the final score at every state for a ``target="score"`` meter (:func:`score_loss`).
 """
 
 from __future__ import annotations
@@ -24,17 +25,19 @@ import torch
 from tqdm import tqdm
 
 from deltattg.data.labels import remaining_sums
-from deltattg.meter.regression import RegressionMeter, Window, progress_loss
+from deltattg.meter.regression import RegressionMeter, Window, meter_loss
 
 
 @dataclass(frozen=True)
 class Example:
-    """A decision-state reading to learn: its window, the index of the read within it, and the labels (Eq. 2)."""
+    """A decision-state reading to learn: its window, the index of the read within it, and the labels (Eq. 2; the
+    final score for a score meter)."""
 
     window: int
     read: int
     can_complete: bool
     tokens_to_go: float
+    score: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,31 +59,31 @@ class RegressionTrainConfig:
 
 
 def trajectory_examples(
-    meter: RegressionMeter, messages: Sequence[dict], success: bool, step_tokens: Sequence[int], first_window: int
+    meter: RegressionMeter,
+    messages: Sequence[dict],
+    success: bool,
+    step_tokens: Sequence[int],
+    first_window: int,
+    reward: float | None = None,
 ) -> tuple[list[Window], list[Example]]:
-    """Windows of one trajectory and an example per decision state t = 0..T: b = success, v = TTG_t (0 at T)."""
+    """Windows of one trajectory and an example per decision state t = 0..T: b = success, v = TTG_t (0 at T), score =
+    ``reward`` (default: 1 on success, else 0)."""
     windows = meter.windows(messages)
     ttg = remaining_sums(step_tokens)
+    score = float(success) if reward is None else float(reward)
     examples = [
-        Example(first_window + w, r, success, float(ttg[t]) if success else 0.0)
+        Example(first_window + w, r, success, float(ttg[t]) if success else 0.0, score)
         for w, window in enumerate(windows)
         for r, t in enumerate(window.steps)
     ]
     return windows, examples
 
 
-def prefix_example(meter: RegressionMeter, messages: Sequence[dict], can_complete: bool, tokens_to_go: float | None, index: int):
-    """A labelled prefix (a ``deltattg labels`` record): read at its own last decision state."""
-    from deltattg.data.trajectory import assistant_indices
-
-    window = meter.windows(messages, steps=[len(assistant_indices(list(messages)))])[0]
-    return window, Example(index, 0, can_complete, float(tokens_to_go or 0.0))
-
-
-def _targets(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+def _targets(examples: Sequence[Example], target: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, value) of each example: value = TTG, or the final score for a score meter."""
     return (
         torch.tensor([e.can_complete for e in examples]),
-        torch.tensor([e.tokens_to_go for e in examples]),
+        torch.tensor([e.score if target == "score" else e.tokens_to_go for e in examples]),
     )
 
 
@@ -121,7 +124,8 @@ def _row_of(windows: Sequence[Window], examples: Sequence[Example]) -> list[int]
 
 def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examples: Sequence[Example], rows: Sequence[int], config: RegressionTrainConfig) -> list[float]:
     """Train only the head on cached features; returns the loss of each epoch."""
-    can, ttg = _targets(examples)
+    target = meter.config.target
+    can, value = _targets(examples, target)
     x = features[list(rows)]
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(meter.head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
@@ -134,7 +138,7 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
         epoch_loss = 0.0
         for start in range(0, len(order), config.batch_size):
             batch = order[start : start + config.batch_size]
-            loss = progress_loss(meter.head(x[batch]), can[batch], ttg[batch], config.regression_weight)
+            loss = meter_loss(target, meter.head(x[batch]), can[batch], value[batch], config.regression_weight)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -176,8 +180,9 @@ def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples
             ids = order[k * config.batch_size : (k + 1) * config.batch_size]
             # boundary_features returns the reads window by window, in order: the targets follow the same order.
             targets = [example_at[(w, r)] for w, window in zip(ids, batch) for r in range(len(window.positions))]
-            can, ttg = _targets(targets)
-            loss = progress_loss(meter.head(meter.boundary_features(batch)), can, ttg, config.regression_weight)
+            can, value = _targets(targets, meter.config.target)
+            loss = meter_loss(meter.config.target, meter.head(meter.boundary_features(batch)), can, value,
+                              config.regression_weight)  # fmt: skip
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(meter.parameters(), 1.0)

@@ -14,7 +14,7 @@ from typing import Protocol
 from tqdm import tqdm
 
 from deltattg.data.trajectory import Step, Trajectory
-from deltattg.envs.base import Environment, Task
+from deltattg.envs.base import Describable, Environment, Task
 
 
 @dataclass
@@ -76,7 +76,19 @@ def advance(episode: Episode, action: Action) -> None:
     episode.done = result.done
 
 
-def to_trajectory(episode: Episode, policy: str, run: str) -> Trajectory:
+def provenance(episode: Episode, max_turns: int) -> dict:
+    """Where the trajectory came from: its ``task`` (id, split and, for environments that can rebuild themselves, the
+    task's data) and its ``env`` (``describe()`` and the turn limit the episode ran under) — enough for the oracle
+    meter and ``inspect`` to replay it."""
+    task = {"id": episode.task.id, "split": episode.task.split}
+    env = {"name": episode.env.name, "max_turns": min(max_turns, episode.env.max_steps)}
+    if isinstance(episode.env, Describable):
+        task["data"] = episode.task.data
+        env |= episode.env.describe()
+    return {"task": task, "env": env}
+
+
+def to_trajectory(episode: Episode, policy: str, run: str, max_turns: int) -> Trajectory:
     recorded = all(step.token_ids is not None for step in episode.steps)
     return Trajectory(
         id=f"{run}{episode.task.id}#{episode.index}",
@@ -87,7 +99,7 @@ def to_trajectory(episode: Episode, policy: str, run: str) -> Trajectory:
         step_tokens=[len(step.token_ids) for step in episode.steps] if recorded else None,  # type: ignore[arg-type]
         policy=policy,
         steps=episode.steps,
-        extra={"task_split": episode.task.split},
+        extra=provenance(episode, max_turns),
     )
 
 
@@ -114,4 +126,4 @@ def run_episodes(
             advance(episode, action)
             bar.update(int(episode.done))
     bar.close()
-    return [to_trajectory(e, policy.name, run) for e in episodes]
+    return [to_trajectory(e, policy.name, run, limit) for e in episodes]

@@ -80,6 +80,7 @@ def run_config_path(args: argparse.Namespace) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     """Resolve the configuration, then train (bad settings, a missing meter or checkpoint: a usage error, exit 2)."""
     from deltattg.train.config import dump, load, resolve
+    from deltattg.train.rollouts import DynamicSamplingExhausted
     from deltattg.train.trainer import train
 
     overrides = overrides_of(args)
@@ -92,6 +93,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(dump(config), end="")
             return 0
         records = train(config, resume=args.resume)
+    except DynamicSamplingExhausted as exc:  # the run stops where its last checkpoint is; resume after a change
+        print(f"deltattg train: error: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     print(summary(records, config.run.out), file=sys.stderr)

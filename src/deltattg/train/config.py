@@ -91,20 +91,37 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW, one PPO epoch per step (Table 4). Mini-batches and micro-batches count rows (one row = one step)."""
+    """AdamW, one PPO epoch per step (Table 4). Mini-batches and micro-batches count rows (one row = one step).
+
+    ``recompute_old_logprobs``: θ_old's log-probs by a fresh forward pass over every row, as verl does (and the
+    ``rollout_logprob_gap`` metric that compares them with the sampler's); false takes the log-probs the rollout
+    recorded, which are θ_old's own (the actor samples with the weights the update starts from) — one forward pass
+    over the batch less per step."""
 
     lr: float = 1e-6
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     mini_batch_size: int = 256
     micro_batch_size: int = 8
+    recompute_old_logprobs: bool = True
 
 
 @dataclass(frozen=True)
 class MeterConfig:
-    """A frozen progress meter folder (``meter_config.json`` names its kind); needed by the DeltaTTG family."""
+    """The frozen progress meter the DeltaTTG family reads: a saved folder (``meter_config.json`` names its kind), a
+    model spec, an endpoint URL, or ``oracle`` (household only: the planner's exact readings, Token-to-Go counted with
+    the actor's tokenizer, degraded by ``oracle_noise`` σ on v̂ and ``oracle_flip`` p on b̂; ``meter.oracle``)."""
 
     path: str | None = None
+    oracle_noise: float = 0.0
+    oracle_flip: float = 0.0
+    oracle_seed: int = 0
+
+    def oracle(self) -> Any:
+        """The ``OracleConfig`` of these settings."""
+        from deltattg.meter.oracle import OracleConfig
+
+        return OracleConfig(noise=self.oracle_noise, flip=self.oracle_flip, seed=self.oracle_seed)
 
 
 @dataclass(frozen=True)
@@ -182,7 +199,7 @@ PRESETS: dict[str, dict] = {
         "algo": {"method": "grpo"},
         "credit": {"rho": 0.2, "cap": 5.0, "failure_cost": 256.0},
         "loss": {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.01, "entropy_coef": 0.001},
-        "optim": {"lr": 1e-4, "mini_batch_size": 256, "micro_batch_size": 64},
+        "optim": {"lr": 1e-4, "mini_batch_size": 256, "micro_batch_size": 64, "recompute_old_logprobs": False},
         "eval": {"every": 5, "num_tasks": 20},
         "run": {"out": "runs/household-tiny", "steps": 30, "save_every": 5},
     },
@@ -329,6 +346,10 @@ def validate(config: TrainConfig) -> None:
         )
     if needs_meter(config) and not config.meter.path:
         raise ValueError(f"algo.method {method} needs a frozen progress meter: set meter.path")
+    if config.meter.path == "oracle":
+        config.meter.oracle()  # its dials are in range
+        if config.env.name != "household":
+            raise ValueError(f"meter.path=oracle replays the household planner; env.name is {config.env.name!r}")
     positive = {
         "rollout.batch_size": config.rollout.batch_size,
         "rollout.group_size": config.rollout.group_size,

@@ -89,6 +89,10 @@ class RolloutBatch:
         return sum(sum(t.step_tokens or []) for t in self.generated)
 
 
+class DynamicSamplingExhausted(RuntimeError):
+    """DAPO's dynamic sampling spent ``algo.max_gen_batches`` without keeping a single group."""
+
+
 def collect(
     policy: Policy,
     make_env: Callable[[], Environment],
@@ -98,7 +102,7 @@ def collect(
 ) -> RolloutBatch:
     """``batch_size`` tasks × G rollouts; with dynamic sampling, keep only groups with reward variance and generate
     further batches of ``batch_size`` tasks until ``batch_size`` groups are kept or ``max_gen_batches`` were generated
-    (then train on the groups kept so far)."""
+    (then train on the groups kept so far; none kept raises ``DynamicSamplingExhausted``)."""
     kept: list[list[Trajectory]] = []
     generated: list[Trajectory] = []
     gen_batches = 0
@@ -117,5 +121,11 @@ def collect(
         kept += [g for g, ok in zip(groups, keep.tolist()) if ok]
         if len(kept) >= rollout.batch_size or gen_batches >= algo.max_gen_batches:
             break
+    if not kept:  # as verl's DAPO trainer: nothing to learn from is an error, not a silent empty step
+        raise DynamicSamplingExhausted(
+            f"dynamic sampling kept no group in algo.max_gen_batches={algo.max_gen_batches} generation batches: all "
+            f"{len(generated) // rollout.group_size} groups had reward std < algo.min_group_std={algo.min_group_std} "
+            "(every rollout of a task won, or every one lost); raise algo.max_gen_batches or change the tasks"
+        )
     chosen = [t for g in kept[: rollout.batch_size] for t in g]
     return RolloutBatch(chosen, rollout.group_size, generated, gen_batches)

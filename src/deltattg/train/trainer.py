@@ -49,7 +49,7 @@ from deltattg.train.checkpoint import (
 )
 from deltattg.train.config import OptimConfig, RolloutConfig, TrainConfig, needs_meter
 from deltattg.meter.loading import load_meter, read_states
-from deltattg.train.meter import check_reading, readout_for, with_outcome_scores
+from deltattg.train.meter import check_reading, readout_for
 from deltattg.train.rollouts import RolloutBatch, TaskSampler, collect, env_factory
 from deltattg.train.rows import Row, chunks, collate, pad_responses, response_logprobs, rows_logprobs, step_rows
 
@@ -209,9 +209,16 @@ def resolve_checkpoint(out: Path, resume: str | Path | None) -> Path | None:
     return path
 
 
-def train(config: TrainConfig, *, resume: str | Path | None = None) -> list[dict]:
+def train(
+    config: TrainConfig,
+    *,
+    resume: str | Path | None = None,
+    make_env: Callable[[], Environment] | None = None,
+) -> list[dict]:
     """Train the actor as ``config`` says; write ``config.yaml``, ``metrics.jsonl`` and checkpoints under
-    ``config.run.out``. ``resume``: ``"latest"`` or a checkpoint folder. Returns every metrics record."""
+    ``config.run.out``. ``resume``: ``"latest"`` or a checkpoint folder. ``make_env``: a constructor of your own
+    environment instances (any ``envs.base.Environment``) instead of ``config.env``'s built-in one; its tasks are
+    still chosen by ``config.env``'s splits. Returns every metrics record."""
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     out = Path(config.run.out)
@@ -221,7 +228,7 @@ def train(config: TrainConfig, *, resume: str | Path | None = None) -> list[dict
     rollout, algo, loss_config = config.rollout, config.algo, config.loss
 
     # ---- setup: environment, actor, π_ref, frozen meter, optimizer, task sampler ----
-    make_env = env_factory(config.env, rollout.max_turns)
+    make_env = make_env or env_factory(config.env, rollout.max_turns)
     env = make_env()
     prompt = PromptConfig(layout=rollout.prompt_layout, history_window=rollout.history_window)  # type: ignore[arg-type]
     seed = config.run.seed
@@ -238,7 +245,8 @@ def train(config: TrainConfig, *, resume: str | Path | None = None) -> list[dict
     estimator = get_estimator(algo.estimator)
     meter = None
     if needs_meter(config):
-        meter = load_meter(config.meter.path, device=device, readout=readout_for(required_reading(algo.estimator)))  # type: ignore[arg-type]
+        meter = load_meter(config.meter.path, device=device, readout=readout_for(required_reading(algo.estimator)),  # type: ignore[arg-type]
+                           tokenizer=tokenizer, oracle=config.meter.oracle())  # fmt: skip
     optimizer = torch.optim.AdamW(
         [p for p in actor.parameters() if p.requires_grad], lr=config.optim.lr, weight_decay=config.optim.weight_decay
     )
@@ -281,50 +289,50 @@ def train(config: TrainConfig, *, resume: str | Path | None = None) -> list[dict
         generated_tokens += batch.generated_tokens
         record |= rollout_metrics(batch, algo.dynamic_sampling) | {"cumulative_response_tokens": generated_tokens}
 
-        if trajectories:
-            with timer("credit"):
-                steps = step_batch(
-                    [t.reward for t in trajectories],
-                    [t.success for t in trajectories],
-                    batch.group,
-                    [t.step_tokens for t in trajectories],
-                )
-                advantage = outcome_advantage(steps, config.credit)  # line 6: A_i (Eq. 14)
+        with timer("credit"):
+            steps = step_batch(
+                [t.reward for t in trajectories],
+                [t.success for t in trajectories],
+                batch.group,
+                [t.step_tokens for t in trajectories],
+            )
+            advantage = outcome_advantage(steps, config.credit)  # line 6: A_i (Eq. 14)
 
-            # Lines 9–10: the frozen meter reads the decision states of the A_i ≠ 0 trajectories, in one call.
-            if meter is not None:
-                with timer("meter"):
-                    readings, scoring = read_states(meter, [t.messages for t in trajectories], (advantage != 0).tolist())
-                reading = required_reading(algo.estimator)
-                if reading == "score":  # E.4 +value: S = σ(logit) where the meter reads no score itself
-                    readings = with_outcome_scores(readings)
-                check_reading(readings, reading, algo.method)
-                steps.meter = meter_readings(readings, steps.step_mask.shape[1])
-                record |= {f"meter/{k}": v for k, v in vars(scoring).items()}
+        # Lines 9–10: the frozen meter reads the decision states of the A_i ≠ 0 trajectories, in one call.
+        if meter is not None:
+            with timer("meter"):
+                readings, scoring = read_states(meter, trajectories, (advantage != 0).tolist())
+            check_reading(readings, required_reading(algo.estimator), algo.method)
+            steps.meter = meter_readings(readings, steps.step_mask.shape[1])
+            record |= {f"meter/{k}": v for k, v in vars(scoring).items()}
 
-            # Lines 11–32: Ã_{i,t} = A_i · w_{i,t} (Eq. 7–11; GRPO/DAPO: w = 1), one row per step.
-            with timer("credit"):
-                credit = estimator(steps, config.credit)
-                rows = step_rows(trajectories)
-                advantages = row_advantages(credit, rows)
-            record |= fallback_counts(credit) | {
-                "train/rows": len(rows),
-                "train/response_tokens": sum(len(r.response) for r in rows),
-                "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
-                "advantage/abs_mean": advantages.abs().mean().item(),
-            }
+        # Lines 11–32: Ã_{i,t} = A_i · w_{i,t} (Eq. 7–11; GRPO/DAPO: w = 1), one row per step.
+        with timer("credit"):
+            credit = estimator(steps, config.credit)
+            rows = step_rows(trajectories)
+            advantages = row_advantages(credit, rows)
+        record |= fallback_counts(credit) | {
+            "train/rows": len(rows),
+            "train/response_tokens": sum(len(r.response) for r in rows),
+            "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
+            "advantage/abs_mean": advantages.abs().mean().item(),
+        }
 
-            # Line 34: θ_old and π_ref log-probs (recomputed, as verl does), then one PPO epoch (Eq. 15–18, KL, entropy).
-            with timer("update"):
-                actor.eval()
+        # Line 34: θ_old log-probs (the sampler's, or recomputed as verl does) and π_ref's, then one PPO epoch
+        # (Eq. 15–18, KL, entropy).
+        with timer("update"):
+            actor.eval()
+            if config.optim.recompute_old_logprobs:
                 old = rows_logprobs(actor, rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
-                ref = None
-                if reference is not None:
-                    ref = reference.logprobs(rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
-                record |= ppo_update(
-                    actor, optimizer, rows, advantages, old, ref, loss_config, config.optim, rollout.temperature, pad_id
-                )
-            record["rollout_logprob_gap"] = logprob_gap(old, trajectories, rows)
+                record["rollout_logprob_gap"] = logprob_gap(old, trajectories, rows)
+            else:
+                old = sampled_logprobs(trajectories, rows)
+            ref = None
+            if reference is not None:
+                ref = reference.logprobs(rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
+            record |= ppo_update(
+                actor, optimizer, rows, advantages, old, ref, loss_config, config.optim, rollout.temperature, pad_id
+            )
 
         record |= timer.metrics()
         if config.eval.every and step % config.eval.every == 0:
@@ -343,6 +351,11 @@ def train(config: TrainConfig, *, resume: str | Path | None = None) -> list[dict
             prune_checkpoints(out, config.run.keep_checkpoints)
     log.close()
     return log.records
+
+
+def sampled_logprobs(trajectories: Sequence[Trajectory], rows: Sequence[Row]) -> list[Tensor]:
+    """Each row's response log-probs as the rollout recorded them (θ_old's: the actor sampled with those weights)."""
+    return [torch.tensor(trajectories[r.traj].steps[r.step].logprobs) for r in rows]  # type: ignore[index,arg-type]
 
 
 def logprob_gap(old: Sequence[Tensor], trajectories: Sequence[Trajectory], rows: Sequence[Row]) -> float:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.household.catalog import SYSTEM_PROMPT
@@ -114,6 +115,11 @@ class HouseholdEnv:
 
     def is_harmful(self, action: str) -> bool:
         return is_harmful(self.world, self.state, action)
+
+    def describe(self) -> dict[str, Any]:
+        """``{"name": "household", "options": every HouseholdConfig field}`` (``Describable``)."""
+        return {"name": self.name, "options": {k: list(v) if isinstance(v, tuple) else v
+                                               for k, v in asdict(self.config).items()}}  # fmt: skip
 
     def vocabulary(self) -> list[str]:
         """Every word this environment's text can contain (``generation.vocabulary``)."""

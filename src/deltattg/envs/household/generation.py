@@ -177,17 +177,37 @@ def generate(config: HouseholdConfig, seed: int, unseen: bool = False) -> tuple[
     raise InputError(f"no house for {goal} has a plan length in {config.plan_length}", field="plan_length")
 
 
+def content_key(world: World, state: State) -> tuple:
+    """What makes two tasks the same task: the goal, the house and the start state (not the goal's phrasing)."""
+    return (world.goal, world.receptacles, world.objects, world.lamp_at, state)
+
+
 @lru_cache(maxsize=64)
 def split_tasks(config: HouseholdConfig, split: str) -> tuple[Task, ...]:
-    """A split's fixed tasks. Seeds of different splits never overlap; valid_unseen poses only held-out pairings."""
+    """A split's fixed tasks. Seeds of different splits never overlap; valid_unseen poses only held-out pairings.
+    The validation splits are deduplicated by content (``content_key``) against the training tasks and themselves:
+    a seed whose task equals one already taken is passed over, so held-out success measures held-out tasks."""
     if split not in SPLITS:
         raise InputError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}", field="split")
-    offset = _SPLIT_SEED_OFFSET[split]
-    tasks = []
-    for seed in range(offset, offset + getattr(config, f"n_{split}")):
-        world, _ = generate(config, seed, split == "valid_unseen")
+    offset, wanted, unseen = _SPLIT_SEED_OFFSET[split], getattr(config, f"n_{split}"), split == "valid_unseen"
+    taken = set() if split == "train" else {content_key(*generate(config, int(t.data["seed"])))
+                                            for t in split_tasks(config, "train")}  # fmt: skip
+    tasks: list[Task] = []
+    attempts = wanted if split == "train" else 20 * wanted + 1000
+    for seed in range(offset, offset + attempts):
+        if len(tasks) == wanted:
+            break
+        world, state = generate(config, seed, unseen)
+        if split != "train":
+            key = content_key(world, state)
+            if key in taken:
+                continue
+            taken.add(key)
         data = {"seed": seed, "task_type": world.goal.task_type, "goal": world.goal_text}
         tasks.append(Task(id=f"household/{split}/{seed}", split=split, data=data))
+    if len(tasks) < wanted:
+        raise InputError(f"only {len(tasks)} {split} tasks in {attempts} seeds differ from the training tasks and each "
+                         f"other; lower n_{split} or widen the task space", field=f"n_{split}")  # fmt: skip
     return tuple(tasks)
 
 

@@ -1,0 +1,106 @@
+"""What the planner knows about a recorded household trajectory: the state before every action and after the last, each
+state's distance to the goal, and the actions the expert would take from it. The oracle progress meter and
+``deltattg inspect`` read recorded trajectories through these.
+
+A trajectory replays when it carries its provenance (``env`` and ``task``, written by the rollout engine): the
+environment is rebuilt from ``env``'s description, reset to ``task`` and stepped through the recorded actions; every
+observation must come out as recorded, or the record is refused (it belongs to another environment or task).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deltattg.data.trajectory import Trajectory
+from deltattg.envs.base import Task
+from deltattg.envs.household.env import HouseholdEnv
+from deltattg.envs.household.planner import best_route
+from deltattg.envs.household.world import State, World, transition
+from deltattg.errors import InputError
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A recorded trajectory's states: ``states[t]`` is s_t, before action t (t = 0..T−1), and ``states[T]`` the state
+    after the last action; ``max_turns`` is the turn limit the episode ran under."""
+
+    world: World
+    states: tuple[State, ...]
+    max_turns: int
+
+    def distances(self) -> list[int]:
+        """d_t = the optimal remaining plan length of every state s_0..s_T (0 once the goal is met)."""
+        return [len(best_route(self.world, s)) for s in self.states]
+
+
+def _provenance(trajectory: Trajectory, name: str) -> dict[str, Any]:
+    value = trajectory.extra.get(name)
+    if not isinstance(value, dict):
+        raise InputError(f"missing: replaying a trajectory needs the {name} it was recorded in (rollouts of "
+                         "`deltattg collect` and `deltattg train` carry it)", field=name)  # fmt: skip
+    return value
+
+
+def household_env(trajectory: Trajectory) -> HouseholdEnv:
+    """The household environment a trajectory's ``env`` record describes; refuses any other environment."""
+    from deltattg.envs.registry import rebuild
+
+    description = _provenance(trajectory, "env")
+    if description.get("name") != HouseholdEnv.name:
+        raise InputError(f"only the household environment has a planner to replay with, not {description.get('name')!r}",
+                         field="env.name")  # fmt: skip
+    try:
+        env = rebuild(description)()
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"cannot rebuild the environment: {exc}", field="env.options") from None
+    assert isinstance(env, HouseholdEnv)
+    return env
+
+
+def replay(trajectory: Trajectory) -> Replayed:
+    """Rebuild, reset and step the trajectory's environment through its actions (see the module doc)."""
+    env = household_env(trajectory)
+    task = _provenance(trajectory, "task")
+    data = task.get("data")
+    if not isinstance(task.get("id"), str) or not isinstance(data, dict) or "seed" not in data:
+        raise InputError("expected {\"id\": ..., \"split\": ..., \"data\": {\"seed\": ...}}", field="task")
+    max_turns = _provenance(trajectory, "env").get("max_turns", env.max_steps)
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        raise InputError(f"must be a positive integer, got {max_turns!r}", field="env.max_turns")
+    messages = trajectory.messages
+    if messages is None:
+        raise InputError("replaying needs the trajectory's messages", field="messages")
+    observation = env.reset(Task(task["id"], str(task.get("split", "train")), data))
+    states = [env.state]
+    expected = observation
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "user":
+            if message.get("content") != expected:
+                raise InputError("does not replay: the environment's observation here differs from the recorded one "
+                                 "(another environment, options or task?)", field=f"messages[{index}].content")  # fmt: skip
+            expected = None
+        elif role == "assistant":
+            if env.snapshot().done:
+                raise InputError("an action after the episode ended", field=f"messages[{index}]")
+            expected = env.step(str(message.get("content") or "")).observation
+            states.append(env.state)
+    return Replayed(env.world, tuple(states), max_turns)
+
+
+class ExpertPaths:
+    """The actions the planner's expert takes from a state to the goal (``best_route``'s first command, again and
+    again), memoised per (world, state): a trajectory's states share most of their paths."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[World, State], tuple[str, ...]] = {}  # worlds hash by identity
+
+    def __call__(self, world: World, state: State) -> tuple[str, ...]:
+        key = (world, state)
+        found = self._memo.get(key)
+        if found is None:
+            route = best_route(world, state)
+            found = () if not route else (world.texts[route[0]], *self(world, transition(state, route[0])))
+            self._memo[key] = found
+        return found

@@ -1,0 +1,261 @@
+"""``deltattg inspect``: where each credit method puts a trajectory's advantage — per-step credit side by side and, on
+household rollouts, **credit precision** against the planner's truth.
+
+The planner knows the distance d_t (optimal remaining actions) of every state, so step t of a replayed trajectory is
+*progress* (d_{t+1} < d_t), *neutral* (equal) or *regress* (d rises: a harmful action). A method's precision is
+
+* the share of **positive** credit (trajectories with A > 0; |A·w_t|·n_t, token-weighted) that lands on progress
+  steps, and
+* the share of **negative** credit (A < 0) that lands on neutral and regress steps,
+
+beside GRPO's, whose uniform weights give each step its token share — the baseline a step-level method must beat.
+
+An *arm* is one method over one file of scored trajectories (so the same estimator can be compared across meters:
+``deltattg`` on learned-meter readings and on oracle readings). Every file must hold the same trajectories in the
+same order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltattg.credit import CreditConfig
+from deltattg.credit.records import assign_credit, needs_meter
+from deltattg.data.sources import Located
+from deltattg.errors import InputError
+
+STEP_CLASSES = ("progress", "neutral", "regress")
+CLASS_COLORS = {"progress": "#55a868", "neutral": "#8c8c8c", "regress": "#c44e52", None: "#4c72b0"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One column of the comparison: ``method`` run over ``items`` (scored trajectories), shown as ``label``."""
+
+    label: str
+    method: str
+    items: Sequence[Located]
+
+
+def step_classes(distances: Sequence[int]) -> list[str]:
+    """progress / neutral / regress of each step t = 0..T−1 from the distances d_0..d_T."""
+    return ["progress" if b < a else "neutral" if b == a else "regress" for a, b in zip(distances, distances[1:])]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Credit precision of one arm (module doc); shares in [0, 1], NaN where there is no credit of that sign."""
+
+    positive_on_progress: float
+    negative_off_progress: float
+    positive_trajectories: int
+    negative_trajectories: int
+
+
+def credit_precision(records: Sequence[dict], classes: Sequence[Sequence[str]]) -> Precision:
+    """Token-weighted shares of positive credit on progress steps and of negative credit on the others."""
+    hit = {1: 0.0, -1: 0.0}
+    total = {1: 0.0, -1: 0.0}
+    count = {1: 0, -1: 0}
+    for record, steps in zip(records, classes):
+        sign = (record["advantage"] > 0) - (record["advantage"] < 0)
+        if sign == 0:
+            continue
+        count[sign] += 1
+        for credit, tokens, kind in zip(record["step_advantages"], record["step_tokens"], steps):
+            mass = abs(credit) * tokens
+            total[sign] += mass
+            hit[sign] += mass if (kind == "progress") == (sign > 0) else 0.0
+    share = {s: hit[s] / total[s] if total[s] > 0 else float("nan") for s in (1, -1)}
+    return Precision(share[1], share[-1], count[1], count[-1])
+
+
+@dataclass
+class Inspection:
+    """Every arm's credit records, the step classes (with a replaying environment) and each arm's precision."""
+
+    arms: list[str]
+    methods: dict[str, str]
+    records: dict[str, list[dict]]  # arm -> credit records (``assign_credit``'s), one per trajectory
+    classes: list[list[str]] | None = None
+    distances: list[list[int]] | None = None
+    precision: dict[str, Precision] = field(default_factory=dict)
+
+    def census(self) -> dict[str, int]:
+        """How many steps of each class the trajectories hold."""
+        return {c: sum(row.count(c) for row in self.classes or []) for c in STEP_CLASSES}
+
+
+def check_same_trajectories(arms: Sequence[Arm]) -> None:
+    """Every arm's file holds the same trajectory ids in the same order."""
+    first = [item.trajectory.id for item in arms[0].items]
+    for arm in arms[1:]:
+        ids = [item.trajectory.id for item in arm.items]
+        if ids != first:
+            k = next((k for k, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids)))
+            where = arm.items[k] if k < len(arm.items) else None
+            raise InputError(f"the inputs must hold the same trajectories in the same order; record {k + 1} differs "
+                             f"(or is missing)", path=where.path if where else None, line=where.line if where else None,
+                             field="id")  # fmt: skip
+
+
+def household_distances(items: Sequence[Located]) -> list[list[int]]:
+    """d_0..d_T of every trajectory, by replaying it with the household planner."""
+    from deltattg.envs.household.progress import replay
+
+    out = []
+    for item in items:
+        try:
+            out.append(replay(item.trajectory).distances())
+        except InputError as exc:
+            raise exc.located(path=item.path, line=item.line) from None
+    return out
+
+
+def inspect_credit(arms: Sequence[Arm], config: CreditConfig, *, env: str | None = None, tokenizer: Any = None) -> Inspection:
+    """Credit of every arm; with ``env="household"`` the step classes and each arm's precision."""
+    if not arms:
+        raise ValueError("nothing to inspect: no arms")
+    check_same_trajectories(arms)
+    records = {arm.label: assign_credit(arm.items, arm.method, config, tokenizer) for arm in arms}
+    result = Inspection([a.label for a in arms], {a.label: a.method for a in arms}, records)
+    if env is not None:
+        if env != "household":
+            raise ValueError(f"credit precision needs a planner; only --env household has one, not {env!r}")
+        result.distances = household_distances(arms[0].items)
+        result.classes = [step_classes(d) for d in result.distances]
+        result.precision = {label: credit_precision(rows, result.classes) for label, rows in records.items()}
+    return result
+
+
+# ---- the report ------------------------------------------------------------------------------------------------------
+def shown_trajectories(records: Sequence[dict], count: int) -> list[int]:
+    """Up to ``count`` trajectories to draw: from the first group with both outcomes, successes and failures in turn
+    (longest first), then the longest remaining ones."""
+    groups: dict[str, list[int]] = {}
+    for k, r in enumerate(records):
+        groups.setdefault(r["group"], []).append(k)
+    mixed = next((ks for ks in groups.values() if len({records[k]["success"] for k in ks}) == 2), [])
+    longest = lambda ks: sorted(ks, key=lambda k: (-len(records[k]["step_advantages"]), k))  # noqa: E731
+    wins = longest(k for k in mixed if records[k]["success"])
+    losses = longest(k for k in mixed if not records[k]["success"])
+    picks = [k for pair in itertools.zip_longest(wins, losses) for k in pair if k is not None][:count]
+    return (picks + longest(k for k in range(len(records)) if k not in picks))[:count]
+
+
+def percent(value: float) -> str:
+    return "-" if value != value else f"{100 * value:.1f}"
+
+
+def precision_table(result: Inspection) -> str:
+    """The markdown precision table (one row per arm)."""
+    lines = ["| arm | method | positive credit on progress steps % | negative credit on neutral + regress steps % "
+             "| trajectories A > 0 / A < 0 |", "|---|---|---|---|---|"]  # fmt: skip
+    for label in result.arms:
+        p = result.precision[label]
+        lines.append(f"| {label} | {result.methods[label]} | {percent(p.positive_on_progress)} | "
+                     f"{percent(p.negative_off_progress)} | {p.positive_trajectories} / {p.negative_trajectories} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_credit(result: Inspection, shown: Sequence[int], path: Path) -> None:
+    """Per-step credit A·w_t of the shown trajectories (rows) under every arm (columns), bars coloured by step class."""
+    from deltattg.demo.report import pyplot
+
+    plt = pyplot()
+    rows, cols = len(shown), len(result.arms)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.2 * rows), squeeze=False, sharey="row")
+    for r, k in enumerate(shown):
+        for c, label in enumerate(result.arms):
+            record = result.records[label][k]
+            credit = record["step_advantages"]
+            kinds = result.classes[k] if result.classes else [None] * len(credit)
+            ax = axes[r][c]
+            ax.bar(range(len(credit)), credit, color=[CLASS_COLORS[kind] for kind in kinds])
+            ax.axhline(0, color="black", linewidth=0.6)
+            ax.set_xticks(range(len(credit)))
+            if r == 0:
+                ax.set_title(label, fontsize=10)
+            if c == 0:
+                outcome = "success" if record["success"] else "failure"
+                ax.set_ylabel(f"{outcome}\nA={record['advantage']:+.2f}", fontsize=8)
+            if r == rows - 1:
+                ax.set_xlabel("step")
+    if result.classes:
+        handles = [plt.Rectangle((0, 0), 1, 1, color=CLASS_COLORS[c]) for c in STEP_CLASSES]
+        fig.legend(handles, STEP_CLASSES, loc="upper right", fontsize=8)
+    fig.suptitle("per-step credit A·w_t (bars coloured by the planner's step class)" if result.classes
+                 else "per-step credit A·w_t", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def step_rows(result: Inspection, k: int, actions: Sequence[str]) -> list[dict]:
+    """One dict per step of trajectory ``k``: action, class and distance (with an environment), credit per arm."""
+    out = []
+    for t, action in enumerate(actions):
+        row: dict[str, Any] = {"step": t, "action": action}
+        if result.classes is not None and result.distances is not None:
+            row |= {"class": result.classes[k][t], "distance": result.distances[k][t]}
+        row["credit"] = {label: result.records[label][k]["step_advantages"][t] for label in result.arms}
+        out.append(row)
+    return out
+
+
+def write_report(result: Inspection, items: Sequence[Located], out: Path, *, show: int = 4) -> str:
+    """``inspect.md``, ``inspect.json`` and ``inspect.png`` in folder ``out``; returns the markdown."""
+    from deltattg.data.jsonl import atomic_output
+
+    out.mkdir(parents=True, exist_ok=True)
+    shown = shown_trajectories(result.records[result.arms[0]], show)
+    actions = [[m.get("content") or "" for m in item.trajectory.messages or [] if m.get("role") == "assistant"]
+               for item in items]  # fmt: skip
+    plot_credit(result, shown, out / "inspect.png")
+    parts = ["# Credit inspection"]
+    if result.precision:
+        census = result.census()
+        parts += ["## Credit precision (the household planner's step classes)", precision_table(result),
+                  f"Steps: {census['progress']} progress, {census['neutral']} neutral, {census['regress']} regress. "
+                  "GRPO's row is the uniform baseline: each step's token share."]  # fmt: skip
+    parts += ["## Per-step credit", "![per-step credit](inspect.png)"]
+    for k in shown:
+        record = result.records[result.arms[0]][k]
+        header = "| step | action | " + ("class | d | " if result.classes else "") + " | ".join(result.arms) + " |"
+        lines = [f"**{record['id']}** ({'success' if record['success'] else 'failure'})", "",
+                 header, "|" + "---|" * (header.count("|") - 1)]  # fmt: skip
+        for row in step_rows(result, k, actions[k]):
+            cells = [str(row["step"]), row["action"]] + ([row["class"], str(row["distance"])] if result.classes else [])
+            cells += [f"{row['credit'][label]:+.3f}" for label in result.arms]
+            lines.append("| " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    text = "\n\n".join(p for p in parts if p) + "\n"
+    figures = {
+        "arms": [{"label": label, "method": result.methods[label]} for label in result.arms],
+        "precision": {label: asdict(p) for label, p in result.precision.items()},
+        "census": result.census() if result.classes else None,
+        "shown": [{"id": result.records[result.arms[0]][k]["id"], "steps": step_rows(result, k, actions[k])}
+                  for k in shown],  # fmt: skip
+    }
+    with atomic_output(out / "inspect.json") as handle:
+        json.dump(figures, handle, indent=2, default=lambda v: None)
+    with atomic_output(out / "inspect.md") as handle:
+        handle.write(text)
+    return text
+
+
+def arms_of(inputs: Sequence[tuple[str, Sequence[Located]]], methods: Sequence[str]) -> list[Arm]:
+    """One arm per (input, method); a method that reads no meter runs once (on the first input), and labels name the
+    input only where there are several."""
+    arms = []
+    for method in methods:
+        sources = inputs if needs_meter(method) else inputs[:1]
+        for name, items in sources:
+            label = method if len(sources) == 1 else f"{method} [{name}]"
+            arms.append(Arm(label, method, items))
+    return arms

@@ -1,0 +1,104 @@
+"""The oracle progress meter of the household environment: the planner's exact answer for every decision state.
+
+For decision state h_t of a recorded trajectory it replays the environment to s_t (``envs.household.progress``) and
+reads
+
+* ``can_complete`` = the optimal plan from s_t fits in the turns left: d_t ≤ max_turns − t;
+* ``tokens_to_go`` = the tokens of the expert's remaining actions from s_t, each counted as ``deltattg labels``
+  counts an action (the assistant turn as ``tokenizer``'s chat template renders it), so on the trajectories of the
+  noiseless expert the oracle reads exactly the Eq. 1–2 labels.
+
+Two dials turn it down toward a learned meter, both seeded per state (a reading never depends on batching or order):
+``noise`` σ multiplies v̂ by exp(σ·z), z ~ N(0, 1) (log-normal), and ``flip`` p flips b̂ with probability p (v̂ is
+the expert's path length in tokens either way, so a flip to "completable" has a value to read).
+
+It reads whole trajectories (their provenance, not just their messages), so it offers ``score_records`` rather than
+prefix-by-prefix ``score``; ``meter.loading.read_states`` dispatches to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from deltattg.data.tokens import count_step_tokens
+from deltattg.data.trajectory import MeterOutput, Trajectory
+from deltattg.envs.household.progress import ExpertPaths, replay
+from deltattg.meter.prompt import prefix_hash
+
+ORACLE = "oracle"
+
+
+@dataclass(frozen=True)
+class OracleConfig:
+    """``noise``: σ of the log-normal factor on v̂; ``flip``: probability of flipping b̂; ``seed`` of both."""
+
+    noise: float = 0.0
+    flip: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.noise) and self.noise >= 0):
+            raise ValueError(f"oracle noise must be a finite σ >= 0, got {self.noise}")
+        if not 0.0 <= self.flip <= 1.0:
+            raise ValueError(f"oracle flip probability must be in [0, 1], got {self.flip}")
+
+
+def exact_reading(distance: int, turns_left: int, tokens_to_go: int) -> MeterOutput:
+    """(b, v) of a state whose optimal plan has ``distance`` actions and ``tokens_to_go`` tokens."""
+    return MeterOutput(can_complete=distance <= turns_left, tokens_to_go=float(tokens_to_go))
+
+
+def degraded(reading: MeterOutput, config: OracleConfig, rng: np.random.Generator) -> MeterOutput:
+    """The reading with b̂ flipped with probability ``flip`` and v̂ scaled by exp(σ·z) (z standard normal)."""
+    flip, z = rng.random(), rng.standard_normal()  # both drawn always: one dial never shifts the other's draws
+    can = (not reading.can_complete) if flip < config.flip else reading.can_complete
+    value = (reading.tokens_to_go or 0.0) * math.exp(config.noise * z)
+    return MeterOutput(can_complete=can, tokens_to_go=value)
+
+
+class OracleMeter:
+    """The planner as a progress meter (module doc). ``tokenizer`` counts tokens as ``labels`` does."""
+
+    def __init__(self, tokenizer: Any, config: OracleConfig = OracleConfig()):
+        self.tokenizer = tokenizer
+        self.config = config
+        self._paths = ExpertPaths()
+        self._tokens: dict[str, int] = {}
+
+    @property
+    def meter_id(self) -> str:
+        c = self.config
+        name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+        return f"{ORACLE}/household/noise={c.noise:g}/flip={c.flip:g}/seed={c.seed}/tokenizer={name}"
+
+    def action_tokens(self, action: str) -> int:
+        """n of one action: its assistant turn rendered by the chat template (``data.tokens.count_step_tokens``)."""
+        if action not in self._tokens:
+            turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": action}]
+            self._tokens[action] = count_step_tokens(turn, self.tokenizer)[0]
+        return self._tokens[action]
+
+    def read_trajectory(self, trajectory: Trajectory, terminal: bool = False) -> list[MeterOutput]:
+        """Readings of h_0..h_{T−1} (and h_T with ``terminal``); raises ``InputError`` if the record does not replay."""
+        replayed = replay(trajectory)
+        distances = replayed.distances()
+        count = len(distances) if terminal else len(distances) - 1
+        messages = trajectory.messages or []
+        cuts = [k for k, m in enumerate(messages) if m.get("role") == "assistant"] + [len(messages)]
+        out = []
+        for t in range(count):
+            path = self._paths(replayed.world, replayed.states[t])
+            reading = exact_reading(distances[t], replayed.max_turns - t, sum(map(self.action_tokens, path)))
+            if self.config.noise or self.config.flip:
+                key = int(prefix_hash(messages[: cuts[t]])[:15], 16)
+                reading = degraded(reading, self.config, np.random.default_rng([self.config.seed, key, t]))
+            out.append(reading)
+        return out
+
+    def score_records(self, trajectories: Sequence[Trajectory], terminal: bool = False) -> list[list[MeterOutput]]:
+        return [self.read_trajectory(t, terminal) for t in trajectories]
