@@ -1,32 +1,35 @@
-"""DeltaTTG vs GRPO on the built-in household environment: several seeds, the same budget (issue 5, item 6).
+"""DeltaTTG vs GRPO on the built-in household environment over paired seeds, and the RL step time new ÷ old.
 
-Per seed, the demo's pipeline (``deltattg.demo.pipeline.run_demo`` without its guidance stage, the demo's defaults
-with that seed): a tiny actor behaviour-cloned from that seed, a trajectory pool, a regression meter, then GRPO and
-DeltaTTG from the same actor and seed for ``--steps`` steps each (same tasks, batch, group size, learning rate).
-Outputs under ``--out``: one folder per seed (the runs' ``metrics.jsonl`` and configs) and ``bench_train.md`` /
-``bench_train.png`` / ``bench_train.json`` with:
+Per seed (the demo's stages with that seed): a tiny actor behaviour-cloned on noisy-expert episodes, a trajectory
+pool and a regression meter (only when an arm reads the learned meter), then every arm from that same actor and seed
+for ``--steps`` steps (same tasks in the same order, batch, group size, learning rate), evaluated greedily on
+``--eval-tasks`` held-out tasks every ``--eval-every`` steps. Arms are ``deltattg.demo.pipeline.Arm`` specs:
 
-  * success curves, mean ± std over seeds: held-out success (greedy and sampled, every ``--eval-every`` steps) and
-    training-rollout success (EMA-smoothed, as the paper's Fig. 3 curves);
-  * steps to match: the first step at which DeltaTTG's seed-mean curve reaches GRPO's final seed-mean value, divided
-    by the number of steps (the paper: ~0.6 on ALFWorld, "40% fewer steps"; the issue's goal ≤ 0.6), for each curve,
-    and per seed;
-  * training-step time DeltaTTG ÷ GRPO with meter scoring included (goal ≤ 1.10): medians over all steps of all
-    seeds, per step and per training row (episodes of a better policy are shorter, so raw step times also measure
-    the policy), with the rollout / meter / credit / update split.
+    grpo                      outcome advantages only (Eq. 14)
+    deltattg                  DeltaTTG with the learned regression meter
+    deltattg@oracle           DeltaTTG with the household planner as the meter (what a perfect meter buys)
+    deltattg@oracle:0.5:0.1   the oracle with log-normal noise σ = 0.5 on v̂ and b̂ flipped with probability 0.1
+    pos@oracle, rho0, ...     the E.4 ablations, with either meter
 
-Nothing here asserts anything: on a shared 2-core machine the timings are noisy and a few seeds of a tiny actor
-leave wide error bars; read the spread next to the means. It takes tens of minutes (about 9 per seed at 40 steps on
-a quiet machine); ``--report-only`` redraws the tables and plot from the runs already under ``--out``.
+Outputs under ``--out``: ``seed-N/`` (actor, pool, meter, one folder per arm with its ``metrics.jsonl``) and
+``bench_train.md`` / ``.json`` / ``.png``: per arm and seed the final greedy success, the area under the success curve
+and the step at which it reaches GRPO's final mean success; over seeds the mean with a 95 % bootstrap interval, the
+paired per-seed difference to GRPO (same seeds resampled for both) and the steps-to-reach ratio. Nothing is asserted:
+read the intervals. Finished runs are kept and skipped on a rerun; ``--report-only`` redraws from them.
 
-    .venv/bin/python bench/bench_train.py                          # seeds 0 1 2, 40 steps
-    .venv/bin/python bench/bench_train.py --seeds 0 1 2 3 4 --steps 60 --out runs/bench_train_60
-    .venv/bin/python bench/bench_train.py --report-only --out runs/bench_train
+``--speed N`` instead times N training steps of GRPO from one seed's actor with the old step (θ_old recomputed by a
+forward pass, every row reading its own prompt: ``optim.recompute_old_logprobs=true run.share_prompts=false``) and
+the new one, interleaved (old, new, new, old) in one process, and prints the median step times and their ratio.
+
+    .venv/bin/python bench/bench_train.py --seeds 0 1 2 3 4 --jobs 2                  # the README's table
+    .venv/bin/python bench/bench_train.py --arms grpo --set lr=3e-4 --out runs/lr3e-4  # one knob of the regime
+    .venv/bin/python bench/bench_train.py --speed 8
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import statistics
@@ -35,191 +38,229 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import yaml
 
+from deltattg.demo.comparison import ArmSummary, area_under_curve, first_step_reaching, success_curve, summarize
 from deltattg.demo.config import DemoConfig, demo_config
-from deltattg.demo.pipeline import METHODS, run_demo
-from deltattg.demo.report import LABELS, COLORS, eval_records, markdown_table, pyplot, step_records
-from deltattg.train import read_metrics
+from deltattg.demo.pipeline import (
+    PRESET,
+    Arm,
+    BaseActor,
+    base_actor,
+    build_world,
+    collect_pool,
+    process_settings,
+    split_by_task,
+    train_meter,
+    trainer_settings,
+)
+from deltattg.demo.report import markdown_table, pyplot
+from deltattg.train import read_metrics, resolve, train
 
-CURVES = {  # name -> (which records, metric)
-    "eval greedy": ("eval", "eval/greedy_success"),
-    "eval sampled": ("eval", "eval/sampled_success"),
-    "training rollouts (EMA)": ("step", "rollout/success"),
-}
-EMA_ALPHA = 0.3
+DEFAULT_ARMS = ("grpo", "deltattg", "deltattg@oracle", "deltattg@oracle:0.5:0.1", "deltattg@oracle:1:0.2")
 PHASES = ("rollout", "meter", "credit", "update")
 
 
-# ---- curves ----------------------------------------------------------------------------------------------------------
-def ema(values: Sequence[float], alpha: float = EMA_ALPHA) -> list[float]:
-    out: list[float] = []
-    for v in values:
-        out.append(v if not out else alpha * v + (1 - alpha) * out[-1])
-    return out
+# ---- running -------------------------------------------------------------------------------------------------------
+def seed_config(args: argparse.Namespace, seed: int) -> DemoConfig:
+    config = demo_config(quick=args.quick, seed=seed, threads=1)
+    return config.replace(steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks,
+                          **{k: v for k, v in args.set})  # fmt: skip
 
 
-def curve(records: Sequence[dict], curve_name: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of one curve of one run."""
-    which, key = CURVES[curve_name]
-    chosen = eval_records(records) if which == "eval" else step_records(records)
-    values = [r[key] for r in chosen]
-    return [r["step"] for r in chosen], ema(values) if which == "step" else values
+def prepare_seed(config: DemoConfig, folder: Path, learned: bool) -> None:
+    """The seed's base actor and, when an arm reads it, its pool and learned meter (kept if already there), and the
+    trainer settings every arm shares (``train.yaml``)."""
+    world = build_world(config)
+    if not (folder / "actor" / "config.json").is_file():
+        base_actor(config, world, folder / "actor")
+    if learned and not (folder / "meter" / "meter_config.json").is_file():
+        from deltattg.hf import load_tokenizer
+
+        actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
+        pool = collect_pool(config, world, actor)
+        train_pool, _ = split_by_task(pool, config.heldout_fraction, config.seed)
+        train_meter(config, train_pool, actor.tokenizer, folder / "meter")
+    settings = trainer_settings(config, str(folder / "actor"), world.prompt.layout)
+    (folder / "train.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
 
-def seed_mean(runs: Sequence[Sequence[dict]], curve_name: str) -> tuple[list[int], list[float], list[float]]:
-    """Steps, mean and standard deviation over seeds (the runs share one evaluation schedule)."""
-    curves = [curve(records, curve_name) for records in runs]
-    steps = curves[0][0]
-    columns = list(zip(*(values for _, values in curves)))
-    means = [statistics.fmean(c) for c in columns]
-    stds = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]
-    return steps, means, stds
+def finished(run: Path, steps: int) -> bool:
+    try:
+        return any(r.get("step") == steps and "eval/greedy_success" in r for r in read_metrics(run))
+    except (FileNotFoundError, ValueError):
+        return False
 
 
-def steps_to_reach(steps: Sequence[int], values: Sequence[float], target: float) -> int | None:
-    """The first step whose value is at least ``target`` (None: never)."""
-    return next((s for s, v in zip(steps, values) if v >= target - 1e-12), None)
+def run_seed(args: argparse.Namespace, seed: int, arms: Sequence[Arm]) -> str:
+    """Every arm of one seed (in its own process: one torch thread)."""
+    config = seed_config(args, seed)
+    folder = args.out / f"seed-{seed}"
+    start = time.perf_counter()
+    with process_settings(1):
+        prepare_seed(config, folder, any(a.meter == "learned" for a in arms))
+        for arm in arms:
+            run = folder / arm.folder
+            if finished(run, config.steps):
+                continue
+            overrides = [*arm.overrides(folder / "meter"), f"run.out={run}", "run.progress=false",
+                         f"run.save_every={config.steps}", "run.keep_checkpoints=1"]  # fmt: skip
+            train(resolve(PRESET, folder / "train.yaml", overrides))
+    return f"[bench] seed {seed}: {time.perf_counter() - start:.0f} s"
 
 
-def match_ratio(ours: Sequence[Sequence[dict]], grpo: Sequence[Sequence[dict]], curve_name: str, total: int) -> dict:
-    """Steps DeltaTTG needs to reach GRPO's final value, ÷ ``total`` steps: on the seed means, and per seed. Only
-    defined where GRPO ended above where it started (else any curve "reaches" it at once)."""
-    steps, ours_mean, _ = seed_mean(ours, curve_name)
-    _, grpo_mean, _ = seed_mean(grpo, curve_name)
-    reached = steps_to_reach(steps, ours_mean, grpo_mean[-1]) if grpo_mean[-1] > grpo_mean[0] else None
-    per_seed = []
-    for mine, theirs in zip(ours, grpo):
-        my_steps, my_values = curve(mine, curve_name)
-        their_values = curve(theirs, curve_name)[1]
-        step = steps_to_reach(my_steps, my_values, their_values[-1]) if their_values[-1] > their_values[0] else None
-        per_seed.append(None if step is None else step / total)
-    return {"grpo_start": grpo_mean[0], "grpo_final": grpo_mean[-1], "deltattg_final": ours_mean[-1],
-            "step": reached, "ratio": None if reached is None else reached / total, "per_seed": per_seed}  # fmt: skip
+def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
+    if args.jobs <= 1:
+        for seed in args.seeds:
+            print(run_seed(args, seed, arms), flush=True)
+        return
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        for line in pool.map(run_seed, [args] * len(args.seeds), args.seeds, [arms] * len(args.seeds)):
+            print(line, flush=True)
 
 
-# ---- time ------------------------------------------------------------------------------------------------------------
-def time_split(runs: Sequence[Sequence[dict]]) -> dict[str, float]:
-    """Median seconds per step of each phase and in all, and median seconds per training row, over every step of
-    every seed (medians: one step slowed by a busy shared machine does not move them)."""
-    steps = [r for records in runs for r in step_records(records)]
-    out = {phase: statistics.median(r[f"time/{phase}"] for r in steps) for phase in PHASES}
-    out["step"] = statistics.median(r["time/step"] for r in steps)
-    out["per_row"] = statistics.median(r["time/step"] / max(r.get("train/rows", 0), 1) for r in steps)
-    return out
+# ---- reporting -----------------------------------------------------------------------------------------------------
+def load_curves(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[list[int], dict[str, np.ndarray], dict]:
+    """Eval steps, ``[seeds, evals]`` greedy success per arm, and every run's records."""
+    records = {a.name: [read_metrics(args.out / f"seed-{s}" / a.folder) for s in args.seeds] for a in arms}
+    curves, steps = {}, None
+    for name, runs in records.items():
+        pairs = [success_curve(r) for r in runs]
+        steps = steps or pairs[0][0]
+        if any(p[0] != steps for p in pairs):
+            raise ValueError(f"arm {name}: the seeds' runs were evaluated at different steps")
+        curves[name] = np.array([p[1] for p in pairs])
+    return steps or [], curves, records
 
 
-# ---- running and reporting -------------------------------------------------------------------------------------------
-def run_seeds(args: argparse.Namespace) -> None:
-    """The demo's pipeline up to RL, once per seed, into ``--out/seed-N``."""
-    for seed in args.seeds:
-        config = demo_config(quick=args.quick, seed=seed, threads=args.threads)
-        config = config.replace(steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks,
-                                **dict(args.set))
-        start = time.perf_counter()
-        run_demo(config, args.out / f"seed-{seed}", guidance=False)
-        print(f"[bench] seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
+def step_times(runs: Sequence[Sequence[dict]]) -> dict[str, float]:
+    """Median seconds per training step (and per phase) over every step of every seed."""
+    steps = [r for records in runs for r in records if r.get("step", 0) > 0 and "time/step" in r]
+    return {p: statistics.median(r[f"time/{p}"] for r in steps) for p in (*PHASES, "step")}
 
 
-def load_runs(seeds: Sequence[int], out: Path) -> dict[str, list[list[dict]]]:
-    return {method: [read_metrics(out / f"seed-{seed}" / method) for seed in seeds] for method in METHODS}
-
-
-def plot(runs: dict[str, list[list[dict]]], path: Path) -> None:
+def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 4), sharey=True)
-    for ax, name in zip(axes, CURVES):
-        for method in METHODS:
-            steps, means, stds = seed_mean(runs[method], name)
-            ax.plot(steps, means, "-", color=COLORS[method], label=LABELS[method])
-            ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                            color=COLORS[method], alpha=0.2)  # fmt: skip
-        ax.set_title(name)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"success rate (mean ± std over {len(runs['grpo'])} seeds)")
-    axes[0].legend()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, c in curves.items():
+        mean = c.mean(axis=0)
+        half = 1.96 * c.std(axis=0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros_like(mean)
+        ax.plot(steps, 100 * mean, "o-", ms=3, label=name)
+        ax.fill_between(steps, 100 * (mean - half), 100 * (mean + half), alpha=0.15)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"held-out greedy success % (mean ± 1.96 SE, {len(next(iter(curves.values())))} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def ratio_text(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def report(runs: dict[str, list[list[dict]]], seeds: Sequence[int], command: str) -> tuple[str, dict]:
-    """The markdown report and the JSON figures."""
-    total = step_records(runs["grpo"][0])[-1]["step"]
-    ratios = {name: match_ratio(runs["deltattg"], runs["grpo"], name, total) for name in CURVES}
-    times = {method: time_split(runs[method]) for method in METHODS}
-    step_ratio = times["deltattg"]["step"] / times["grpo"]["step"]
-    row_ratio = times["deltattg"]["per_row"] / times["grpo"]["per_row"]
-    curve_rows = []
-    for name in CURVES:
-        for method in METHODS:
-            steps, means, stds = seed_mean(runs[method], name)
-            picks = (0, len(steps) // 2, len(steps) - 1)
-            curve_rows.append([name, LABELS[method], *(f"{100 * means[k]:.1f} ± {100 * stds[k]:.1f} (step {steps[k]})"
-                                                       for k in picks)])  # fmt: skip
-    match_rows = [[name, f"{100 * r['grpo_start']:.1f} → {100 * r['grpo_final']:.1f}",
-                   f"{100 * r['deltattg_final']:.1f}", "-" if r["step"] is None else str(r["step"]),
-                   ratio_text(r["ratio"]), ", ".join(ratio_text(v) for v in r["per_seed"])]
-                  for name, r in ratios.items()]  # fmt: skip
-    time_rows = [[LABELS[m], *(f"{times[m][p]:.2f}" for p in (*PHASES, "step")), f"{1000 * times[m]['per_row']:.1f}"]
-                 for m in METHODS]  # fmt: skip
+def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple[str, dict]:
+    steps, curves, records = load_curves(args, arms)
+    grpo = curves.get("grpo")
+    if grpo is None:
+        raise ValueError("the comparison needs a grpo arm")
+    summaries = [summarize(name, c, grpo, steps) for name, c in curves.items()]
+    target = grpo[:, -1].mean()
+    seed_rows = []
+    for name, c in curves.items():
+        for k, seed in enumerate(args.seeds):
+            reached = first_step_reaching(steps, c[k].tolist(), target)
+            seed_rows.append([name, str(seed), f"{100 * c[k, 0]:.1f}", f"{100 * c[k, -1]:.1f}",
+                              f"{100 * area_under_curve(steps, c[k].tolist()):.1f}", "-" if reached is None else str(reached)])  # fmt: skip
+    times = {name: step_times(runs) for name, runs in records.items()}
+    rows = [[s.arm, s.start.text(100), s.final.text(100), s.auc.text(100),
+             "-" if s.arm == "grpo" else s.final_minus_grpo.text(100),
+             "-" if s.arm == "grpo" else s.auc_minus_grpo.text(100), s.reach.text(1, 2),
+             f"{times[s.arm]['step']:.2f}"] for s in summaries]  # fmt: skip
+    tasks = args.eval_tasks
     text = "\n\n".join([
-        "# bench_train: DeltaTTG vs GRPO on the household environment",
-        f"`{command}` — seeds {list(seeds)}, {total} steps per run; the demo's defaults otherwise "
-        "(each seed folder's `train.yaml`; each run's resolved `config.yaml`).",
-        "## Success curves (%, mean ± std over seeds)",
-        markdown_table(("curve", "method", "start", "middle", "end"), curve_rows),
-        "![curves](bench_train.png)",
-        "## Steps for DeltaTTG to reach GRPO's final success (÷ steps; paper ~0.6, goal ≤ 0.6)",
-        markdown_table(("curve", "GRPO start → final %", "DeltaTTG final %", "DeltaTTG reaches GRPO's final at step",
-                        "ratio (seed means)", "ratio per seed"), match_rows),  # fmt: skip
-        "A ratio is the step ÷ the steps per run; '-': DeltaTTG never reached GRPO's final value, or GRPO did not end "
-        "above its start (then there is nothing to reach). The seed-mean ratio compares the seed-mean curves.",
-        "## Training-step time (s, median over all steps and seeds; meter scoring included)",
-        markdown_table(("method", *PHASES, "step", "ms per training row"), time_rows),
-        f"DeltaTTG ÷ GRPO step time: **{step_ratio:.2f}** (goal ≤ 1.10); per training row: {row_ratio:.2f}.",
+        "# bench_train: credit methods on the household environment over paired seeds",
+        f"`{command}` — seeds {list(args.seeds)}, {steps[-1]} steps per run, greedy evaluation on {tasks} held-out "
+        f"tasks every {steps[1] - steps[0] if len(steps) > 1 else 0} steps; the demo's settings otherwise (each seed "
+        "folder's `train.yaml`). Every interval is a 95 % bootstrap interval over seeds (paired for differences).",
+        markdown_table(("arm", "start %", "final %", "area under curve %", "final − GRPO (points)",
+                        "area − GRPO (points)", "steps to GRPO's final ÷ steps", "s / step"), rows),  # fmt: skip
+        f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
+        "curve never reaches it (in the point estimate or a resample).",
+        "![success curves](bench_train.png)",
+        "## Per seed",
+        markdown_table(("arm", "seed", "start %", "final %", "area %", f"first step ≥ {100 * target:.1f} %"), seed_rows),
     ])  # fmt: skip
-    figures = {"seeds": list(seeds), "steps": total, "match": ratios, "time": times,
-               "step_time_ratio": step_ratio, "row_time_ratio": row_ratio}  # fmt: skip
+    figures = {"seeds": list(args.seeds), "steps": steps, "target": target,
+               "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times,
+               "curves": {name: c.tolist() for name, c in curves.items()}}  # fmt: skip
     return text + "\n", figures
 
 
+# ---- old vs new step time ------------------------------------------------------------------------------------------
+OLD_STEP = ("optim.recompute_old_logprobs=true", "run.share_prompts=false")
+NEW_STEP = ("optim.recompute_old_logprobs=false", "run.share_prompts=true")
+
+
+def speed(args: argparse.Namespace) -> str:
+    """Median training-step time of the old and the new step, interleaved old-new-new-old (module doc)."""
+    seed = args.seeds[0]
+    config = seed_config(args, seed)
+    folder = args.out / f"seed-{seed}"
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    with process_settings(1):
+        prepare_seed(config, folder, learned=False)
+        for k, which in enumerate(("old", "new", "new", "old")):
+            overrides = ["algo.method=grpo", f"run.out={args.out / 'speed' / f'{which}-{k}'}", "run.progress=false",
+                         f"run.steps={args.speed}", "run.save_every=0", "eval.every=0",
+                         *(OLD_STEP if which == "old" else NEW_STEP)]  # fmt: skip
+            records = train(resolve(PRESET, folder / "train.yaml", overrides))
+            times[which] += [r["time/step"] / r["train/rows"] for r in records if r.get("step", 0) > 0]
+    old, new = statistics.median(times["old"]), statistics.median(times["new"])
+    return (f"median step time per training row over {len(times['old'])} steps each (seed {seed}, one thread): "
+            f"old {1000 * old:.2f} ms, new {1000 * new:.2f} ms; new ÷ old = {new / old:.3f} ({old / new:.2f}x faster)")
+
+
 def demo_setting(text: str) -> tuple[str, object]:
-    """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); the field must be one of
-    :class:`DemoConfig`'s."""
+    """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); a :class:`DemoConfig` field."""
     name, sep, value = text.partition("=")
     if not sep or name not in {f.name for f in dataclasses.fields(DemoConfig)}:
         raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD a DemoConfig field")
     default = getattr(DemoConfig(), name)
     parsed = yaml.safe_load(value)
+    if isinstance(default, tuple):
+        parsed = tuple(parsed)
     return name, float(parsed) if isinstance(default, float) else parsed  # YAML reads 1e-4 as a string
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), help="arm specs (module doc); grpo first")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     parser.add_argument("--eval-every", type=int, default=5)
-    parser.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks per evaluation (default 40)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--eval-tasks", type=int, default=200, help="held-out tasks per evaluation (default 200)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="change one DemoConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
-    parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test of this "
-                        "script: --quick --steps 2 --eval-every 1 --eval-tasks 3 --seeds 0 1)")  # fmt: skip
+    parser.add_argument("--speed", type=int, metavar="N", help="time N steps of the old and the new step instead")
+    parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
     args = parser.parse_args(argv)
+    try:
+        arms = [Arm.parse(spec) for spec in args.arms]
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.speed:
+        print(speed(args))
+        return
     if not args.report_only:
-        run_seeds(args)
-    runs = load_runs(args.seeds, args.out)
+        run_all(args, arms)
     command = "bench/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text, figures = report(runs, args.seeds, command.strip())
-    plot(runs, args.out / "bench_train.png")
+    text, figures = report(args, arms, command.strip())
+    plot(figures["steps"], {k: np.array(v) for k, v in figures["curves"].items()}, args.out / "bench_train.png")
     (args.out / "bench_train.md").write_text(text)
     (args.out / "bench_train.json").write_text(json.dumps(figures, indent=2, default=lambda v: None) + "\n")
     print(text)

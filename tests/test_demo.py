@@ -16,7 +16,9 @@ import yaml
 
 from deltattg.demo.cli import main
 from deltattg.demo.config import QUICK
-from deltattg.demo.report import LABELS, percent
+from deltattg.demo.config import DemoConfig
+from deltattg.demo.pipeline import Arm
+from deltattg.demo.report import label, percent
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 THREADS_BEFORE = torch.get_num_threads()
@@ -48,14 +50,14 @@ def test_report_and_every_plot_it_references_exist(demo):
 def test_report_shows_both_methods_numbers_from_their_metrics(demo):
     out, _ = demo
     report = (out / "report.md").read_text()
-    for method, label in LABELS.items():
-        records = read_records(out / method)
+    for arm in map(Arm.parse, DemoConfig().arms):
+        records = read_records(out / arm.folder)
         evals = [r for r in records if "eval/greedy_success" in r]
         assert [r["step"] for r in evals] == list(range(QUICK["steps"] + 1))  # eval every step, and before the first
-        row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+        row = next(line for line in report.splitlines() if line.startswith(f"| {label(arm.name)} |"))
         for mode in ("greedy", "sampled"):
             first, last = evals[0][f"eval/{mode}_success"], evals[-1][f"eval/{mode}_success"]
-            assert f"{percent(first)} → {percent(last)}" in row, (method, mode, row)
+            assert f"{percent(first)} → {percent(last)}" in row, (arm, mode, row)
 
 
 def test_both_methods_start_from_one_actor_and_seed(demo):
@@ -69,7 +71,7 @@ def test_both_methods_start_from_one_actor_and_seed(demo):
 
 def test_console_summary_has_both_methods_and_the_guidance_table(demo):
     _, printed = demo
-    assert all(re.search(rf"^{label}\s", printed, re.MULTILINE) for label in LABELS.values())
+    assert all(re.search(rf"^{re.escape(label(arm))}\s", printed, re.MULTILINE) for arm in DemoConfig().arms)
     for condition in ("natural rollout (1)", "random selection (4)", "progress meter (4)"):
         assert condition in printed
 

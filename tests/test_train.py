@@ -334,18 +334,23 @@ def test_meter_reads_only_queried_trajectories_in_one_call(actor_dir):
 
 
 # ---- rows, log-probs and the update ----------------------------------------------------------------------------------
-def test_padded_rows_give_the_unpadded_logprobs():
+def test_padded_rows_with_shared_prompts_give_the_unpadded_logprobs():
     tokenizer = word_tokenizer("a b c d e f".split())
     model = tiny_llama(tokenizer, hidden=32, layers=1, heads=2).eval()
-    rows = [Row([5, 6, 7, 8, 9], [10, 11], 0, 0), Row([5, 6], [7, 8, 9, 10], 0, 1), Row([7], [5], 1, 0)]
+    rows = [Row([5, 6, 7, 8, 9], [10, 11], 0, 0), Row([5, 6], [7, 8, 9, 10], 0, 1), Row([7], [5], 1, 0),
+            Row([5, 6], [9], 1, 1), Row([5, 6, 7, 8, 9], [11, 10, 9], 2, 0)]  # two prompts read once, shared
     batched = rows_logprobs(model, rows, tokenizer.pad_token_id, temperature=0.7, micro_batch_size=3)
     for row, got in zip(rows, batched):
         with torch.no_grad():
             logits = model(torch.tensor([row.prompt + row.response])).logits[0, len(row.prompt) - 1 : -1] / 0.7
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(row.response)[:, None])[:, 0]
         assert got.tolist() == pytest.approx(expected.tolist(), abs=1e-5)
-    logprobs, entropy = response_logprobs(model, collate(rows, tokenizer.pad_token_id), 1.0, entropy_grad=False)
-    assert logprobs.shape == entropy.shape == (3, 4) and (entropy[0, 2:] == 0).all() and (entropy[0, :2] > 0).all()
+    alone = rows_logprobs(model, rows[:3], tokenizer.pad_token_id, temperature=0.7, micro_batch_size=3)  # no sharing
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(alone, batched))
+    batch = collate(rows, tokenizer.pad_token_id)
+    assert batch.prompt_ids.shape == (3, 5) and batch.prompt_of.tolist() == [0, 1, 2, 1, 0]
+    logprobs, entropy = response_logprobs(model, batch, 1.0, entropy_grad=False)
+    assert logprobs.shape == entropy.shape == (5, 4) and (entropy[0, 2:] == 0).all() and (entropy[0, :2] > 0).all()
 
 
 @pytest.mark.parametrize("micro", [1, 2])

@@ -8,6 +8,8 @@ A model spec is any HF id or local path, or:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from typing import Any
 
@@ -58,3 +60,15 @@ def without_gguf_quantizer(model: Any) -> Any:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model
+
+
+@functools.cache
+def _forward_parameters(forward: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(forward).parameters)
+
+
+def cache_argument(model: Any) -> str:
+    """What the model's forward and ``generate`` call the key/value cache: ``cache`` (transformers ≥ 5.24) or
+    ``past_key_values`` (earlier). Outputs carry it under the same name."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model forwards **kwargs
+    return "cache" if "cache" in _forward_parameters(type(base).forward) else "past_key_values"

@@ -28,7 +28,7 @@ HOUSEHOLD_OPTIONS: dict[str, Any] = {  # HouseholdConfig knobs over HouseholdCon
     "start_closed": False,
     "plan_length": [3, 8],
     "n_train": 1000,
-    "n_valid_seen": 50,
+    "n_valid_seen": 250,
     "n_valid_unseen": 50,
 }
 
@@ -76,7 +76,8 @@ class DemoConfig:
     meter_batch_size: int = 16
     meter_lr: float = 1e-3
 
-    # ---- RL: GRPO and DeltaTTG, same init, seed and budget (the trainer's household-tiny preset underneath) ----
+    # ---- RL: every arm (``pipeline.Arm`` specs) from the same init, seed and budget (household-tiny preset) ----
+    arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg@oracle")
     steps: int = 30
     batch_size: int = 4  # tasks per step
     group_size: int = 8  # rollouts per task (G)

@@ -279,18 +279,60 @@ def trainer_settings(config: DemoConfig, actor_spec: str, layout: str) -> dict:
     }  # fmt: skip
 
 
-def train_methods(config: DemoConfig, settings_file: Path, meter_dir: Path, out: Path) -> dict[str, list[dict]]:
-    """GRPO and DeltaTTG with the same settings file; returns each run's metrics records. Each run starts in a fresh
-    folder: the checkpoints of an earlier, longer run there would outlive this one's (the newest is kept)."""
-    runs = {}
-    for method in METHODS:
-        shutil.rmtree(out / method, ignore_errors=True)
-        overrides = [f"algo.method={method}", f"run.out={out / method}"]
-        if method != "grpo":
-            overrides.append(f"meter.path={meter_dir}")
-        print(f"[demo]   {method}: {config.steps} steps -> {out / method}", file=sys.stderr, flush=True)
-        runs[method] = train(resolve(PRESET, settings_file, overrides))
-    return runs
+@dataclass(frozen=True)
+class Arm:
+    """One RL run of a comparison: an estimator and the meter it reads. Spec ``METHOD[@METER]``: ``grpo``,
+    ``deltattg`` (the learned meter), ``deltattg@oracle`` (the household planner), ``deltattg@oracle:SIGMA:P`` (the
+    oracle with log-normal noise σ on v̂ and b̂ flipped with probability p), ``pos@oracle``, ..."""
+
+    method: str
+    meter: str | None = None  # None (the method reads none), "learned" or "oracle"
+    noise: float = 0.0
+    flip: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> Arm:
+        from deltattg.credit.records import needs_meter
+
+        method, _, meter = spec.partition("@")
+        if not needs_meter(method):
+            if meter or method not in ("grpo", "dapo"):
+                raise ValueError(f"arm {spec!r}: {method} is not a method (or reads no meter)")
+            return cls(method)
+        kind, *dials = meter.split(":") if meter else ["learned"]
+        if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) != 2)):
+            raise ValueError(f"arm {spec!r}: the meter is learned, oracle or oracle:SIGMA:P")
+        noise, flip = (float(d) for d in dials) if dials else (0.0, 0.0)
+        return cls(method, kind, noise, flip)
+
+    @property
+    def name(self) -> str:
+        if self.meter is None or (self.meter == "learned"):
+            return self.method
+        dials = f":{self.noise:g}:{self.flip:g}" if self.noise or self.flip else ""
+        return f"{self.method}@{self.meter}{dials}"
+
+    @property
+    def folder(self) -> str:
+        return self.name.replace("@", "-").replace(":", "-")
+
+    def overrides(self, meter_dir: Path) -> list[str]:
+        """The trainer settings that make this arm (on top of the shared ``train.yaml``)."""
+        out = [f"algo.method={self.method}"]
+        if self.meter == "learned":
+            out.append(f"meter.path={meter_dir}")
+        elif self.meter == "oracle":
+            out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
+        return out
+
+
+def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path, steps: int) -> list[dict]:
+    """One arm's run in ``out/<arm folder>`` (a fresh folder: the checkpoints of an earlier, longer run there would
+    outlive this one's); returns its metrics records."""
+    folder = out / arm.folder
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"[demo]   {arm.name}: {steps} steps -> {folder}", file=sys.stderr, flush=True)
+    return train(resolve(PRESET, settings_file, [*arm.overrides(meter_dir), f"run.out={folder}"]))
 
 
 # ---- stage 5: test-time guidance and a credit example ----------------------------------------------------------------
@@ -413,7 +455,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> D
             settings_file = out / "train.yaml"
             settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
                                                     sort_keys=False))  # fmt: skip
-            result.runs = train_methods(config, settings_file, out / "meter", out)
+            result.runs = {arm.name: train_arm(arm, settings_file, out / "meter", out, config.steps)
+                           for arm in map(Arm.parse, config.arms)}  # fmt: skip
         if guidance:
             with stage("5 guidance and credit example", timings):
                 result.guidance = guidance_rows(config, world, actor, meter)

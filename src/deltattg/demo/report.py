@@ -17,8 +17,18 @@ from deltattg.demo.pipeline import METHODS, CreditExample, DemoResult, GuidanceR
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 
-LABELS = {"grpo": "GRPO", "deltattg": "DeltaTTG"}
-COLORS = {"grpo": "#4c72b0", "deltattg": "#dd8452"}
+LABELS = {"grpo": "GRPO", "deltattg": "DeltaTTG (learned meter)", "deltattg@oracle": "DeltaTTG (oracle meter)"}
+PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
+COLORS = {"grpo": PALETTE[0], "deltattg": PALETTE[1], "deltattg@oracle": PALETTE[2]}
+
+
+def label(arm: str) -> str:
+    """How the report names an arm (``pipeline.Arm.name``)."""
+    return LABELS.get(arm, arm)
+
+
+def color(arm: str, index: int = 0) -> str:
+    return COLORS.get(arm, PALETTE[index % len(PALETTE)])
 SUCCESS_PLOT, CREDIT_PLOT, METER_PLOT = "success.png", "credit.png", "meter_fit.png"
 TRAIN_WINDOW = 5  # steps averaged for the "training success at the end" column
 
@@ -81,17 +91,17 @@ def plot_success(runs: dict[str, list[dict]], path: Path) -> None:
     and against cumulative actor response tokens (Fig. 3 a/b)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for method, records in runs.items():
-        color, label = COLORS[method], LABELS[method]
+    for index, (arm, records) in enumerate(runs.items()):
+        tint, name = color(arm, index), label(arm)
         evals, steps = eval_records(records), step_records(records)
         for ax, x_key in zip(axes, ("step", "cumulative_response_tokens")):
             x = [r[x_key] for r in evals]
-            ax.plot(x, [r["eval/greedy_success"] for r in evals], "o-", color=color, label=f"{label} eval greedy")
+            ax.plot(x, [r["eval/greedy_success"] for r in evals], "o-", color=tint, label=f"{name} eval greedy")
             if evals and "eval/sampled_success" in evals[0]:
-                ax.plot(x, [r["eval/sampled_success"] for r in evals], "s--", color=color, alpha=0.8,
-                        label=f"{label} eval sampled")  # fmt: skip
-            ax.plot([r[x_key] for r in steps], [r["rollout/success"] for r in steps], "-", color=color, alpha=0.35,
-                    lw=1, label=f"{label} training rollouts")  # fmt: skip
+                ax.plot(x, [r["eval/sampled_success"] for r in evals], "s--", color=tint, alpha=0.8,
+                        label=f"{name} eval sampled")  # fmt: skip
+            ax.plot([r[x_key] for r in steps], [r["rollout/success"] for r in steps], "-", color=tint, alpha=0.35,
+                    lw=1, label=f"{name} training rollouts")  # fmt: skip
     axes[0].set_xlabel("training step")
     axes[1].set_xlabel("cumulative actor response tokens")
     axes[0].set_ylabel("success rate")
@@ -119,8 +129,8 @@ def plot_credit(example: CreditExample, path: Path) -> None:
         width = 0.4
         for k, method in enumerate(METHODS):
             values = example.records[method][i]["step_advantages"]
-            ax.bar([t + (k - 0.5) * width for t in range(steps)], values, width, color=COLORS[method],
-                   label=LABELS[method])  # fmt: skip
+            ax.bar([t + (k - 0.5) * width for t in range(steps)], values, width, color=color(method),
+                   label=label(method))  # fmt: skip
         ax.axhline(0, color="black", lw=0.6)
         ax.set_xticks(range(steps))
         ax.set_xticklabels([f"{t}: {short(a)}" for t, a in enumerate(example.actions[i])], rotation=30, ha="right",
@@ -180,7 +190,7 @@ RL_HEADER = ("method", "eval greedy % (start → final)", "eval sampled % (start
 
 
 def rl_rows(summaries: Sequence[RunSummary]) -> list[list[str]]:
-    return [[LABELS[s.method], f"{percent(s.greedy_start)} → {percent(s.greedy_final)}",
+    return [[label(s.method), f"{percent(s.greedy_start)} → {percent(s.greedy_final)}",
              f"{percent(s.sampled_start)} → {percent(s.sampled_final)}", percent(s.train_final),
              f"{s.seconds_per_step:.2f}", f"{100 * s.meter_share:.1f}%"] for s in summaries]  # fmt: skip
 
@@ -197,7 +207,7 @@ def guidance_row(actor: str, split: str, rows: Sequence[GuidanceRow]) -> list[st
 def summary_table(result: DemoResult) -> str:
     """The console summary: GRPO vs DeltaTTG, then the guidance table."""
     config = result.config
-    summaries = [RunSummary.of(m, result.runs[m]) for m in METHODS]
+    summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
     guidance = guidance_row("base", config.eval_split, result.guidance)
     return "\n".join([
         f"GRPO vs DeltaTTG, {config.steps} steps each, eval on {config.eval_tasks} {config.eval_split} tasks:",
@@ -239,8 +249,8 @@ def write_report(result: DemoResult) -> Path:
     plot_credit(result.credit, out / CREDIT_PLOT)
     plot_meter_fit(result.fit, config.failure_cost, out / METER_PLOT)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    summaries = [RunSummary.of(m, result.runs[m]) for m in METHODS]
-    grpo, ours = summaries
+    summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
+    grpo, ours = (RunSummary.of(arm, result.runs[arm]) for arm in METHODS)
     actor = result.actor
     parameters = sum(p.numel() for p in actor.model.parameters())
     pool_rows = [[name, str(n), percent(rate), f"{steps:.2f}"] for name, (n, rate, steps) in result.pool.items()]

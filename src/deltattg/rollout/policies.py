@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from deltattg.envs.base import HasExpert
+from deltattg.hf import cache_argument
 from deltattg.rollout.engine import Action, Episode
 from deltattg.rollout.prompts import PromptConfig, chat_prompt, window_prompt
 
@@ -57,6 +58,7 @@ class SamplingConfig:
     max_new_tokens: int = 64
     batch_size: int = 64
     max_prompt_tokens: int | None = None
+    share_prompts: bool = True  # prefill each distinct prompt of a batch once (``shared_prefill``)
 
 
 class ChatPolicy:
@@ -120,7 +122,8 @@ class LMPolicy(ChatPolicy):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> list[Action]:
-        """Sample one response per prompt (left-padded batch); cut each at its first end-of-turn token (kept)."""
+        """Sample one response per prompt (left-padded batch); cut each at its first end-of-turn token (kept). Each
+        distinct prompt is read once (``shared_prefill``): the G rollouts of a task start from one prompt."""
         s = self.sampling
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         width = max(len(p) for p in prompts)
@@ -128,9 +131,11 @@ class LMPolicy(ChatPolicy):
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         greedy = s.temperature <= 0
+        cache = shared_prefill(self.model, prompts, input_ids, attention) if s.share_prompts else {}
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
+            **cache,
             do_sample=not greedy,
             temperature=None if greedy else s.temperature,
             top_p=None if greedy else s.top_p,
@@ -151,6 +156,23 @@ class LMPolicy(ChatPolicy):
             text = self.tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
             actions.append(Action(text, ids[:length], logprobs[row, :length].tolist(), list(prompt)))
         return actions
+
+
+def shared_prefill(model: Any, prompts: Sequence[Sequence[int]], input_ids: Any, attention: Any) -> dict[str, Any]:
+    """The key/value cache of every left-padded prompt but its last token, each distinct prompt computed once and
+    copied to the rows that repeat it, as ``generate``'s cache argument ({} where no prompt repeats or a prompt is a
+    single token). ``generate`` then reads only the last prompt token before sampling."""
+    index: dict[tuple[int, ...], int] = {}
+    prompt_of = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    if len(index) == len(prompts) or input_ids.shape[1] < 2:
+        return {}
+    first = [prompt_of.index(k) for k in range(len(index))]
+    mask = attention[first, :-1]
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate numbers a left-padded prompt
+    name = cache_argument(model)
+    cache = model(input_ids=input_ids[first, :-1], attention_mask=mask, position_ids=positions, use_cache=True)[name]
+    cache.batch_select_indices(torch.tensor(prompt_of, device=input_ids.device))
+    return {name: cache}
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

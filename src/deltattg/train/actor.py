@@ -118,11 +118,13 @@ class Reference:
         model = model.to(torch_device(config.device)).eval().requires_grad_(False)
         return cls(actor, model)
 
-    def logprobs(self, rows: Sequence[Row], pad_id: int, temperature: float, micro_batch_size: int) -> list[Tensor]:
+    def logprobs(
+        self, rows: Sequence[Row], pad_id: int, temperature: float, micro_batch_size: int, share: bool = True
+    ) -> list[Tensor]:
         if self.frozen is not None:
-            return rows_logprobs(self.frozen, rows, pad_id, temperature, micro_batch_size)
+            return rows_logprobs(self.frozen, rows, pad_id, temperature, micro_batch_size, share=share)
         with self.actor.disable_adapter():
-            return rows_logprobs(self.actor, rows, pad_id, temperature, micro_batch_size)
+            return rows_logprobs(self.actor, rows, pad_id, temperature, micro_batch_size, share=share)
 
 
 # ---- demonstrations in the actor's own format ------------------------------------------------------------------------

@@ -149,6 +149,8 @@ class RunConfig:
     tensorboard: bool = False
     progress: bool = True
     threads: int = 0
+    share_prompts: bool = True  # read each distinct prompt once (rollout prefill, log-prob passes); false: every row
+    # reads its own (for models whose key/value cache rows cannot be copied with ``batch_select_indices``)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,5 @@
 """Token rows as verl-agent holds them: one row per step — the exact prompt the actor saw, then its response — and the
-actor's per-token log-probabilities (and entropies) of the responses.
-
-A batch of rows is laid out like verl's: prompts left-padded to ``P``, responses right-padded to ``L``, so response
-token k of every row sits at position ``P + k`` and a ``[rows, L]`` response mask lines up with it.
+actor's per-token log-probabilities (and entropies) of the responses, each distinct prompt of a batch read once.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import torch
 from torch import Tensor
 
 from deltattg.data.trajectory import Trajectory
+from deltattg.hf import cache_argument
 
 
 @dataclass(frozen=True)
@@ -39,9 +37,17 @@ def step_rows(trajectories: Sequence[Trajectory]) -> list[Row]:
 
 @dataclass
 class TokenBatch:
-    input_ids: Tensor  # [B, P + L]
-    attention_mask: Tensor  # [B, P + L]
-    position_ids: Tensor  # [B, P + L]
+    """Rows with their prompts deduplicated: each distinct prompt once (left-padded to ``P``) and every row's response
+    (right-padded to ``L``), so a ``[rows, L]`` response mask lines up with the response tokens.
+
+    Rows of one group often share a prompt (every rollout of a task starts from the same one; states recur), and the
+    prompt is most of a row's tokens: reading each distinct prompt once and continuing every row's response from its
+    cached keys and values gives the same log-probs (and gradients) as reading each row whole, for fewer tokens."""
+
+    prompt_ids: Tensor  # [K, P] distinct prompts
+    prompt_mask: Tensor  # [K, P]
+    prompt_of: Tensor  # [B] the prompt each row continues
+    response_ids: Tensor  # [B, L]
     response_mask: Tensor  # [B, L]
 
     @property
@@ -49,21 +55,20 @@ class TokenBatch:
         return self.response_mask.shape[1]
 
 
-def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str = "cpu") -> TokenBatch:
-    """Left-pad the prompts, right-pad the responses; positions count real tokens only (as an unpadded pass sees them)."""
-    prompt_width = max(len(r.prompt) for r in rows)
+def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str = "cpu", *, share: bool = True) -> TokenBatch:
+    """Distinct prompts left-padded, responses right-padded (see :class:`TokenBatch`); ``share=False`` keeps one
+    prompt per row (each row then reads its own)."""
+    index: dict[tuple[int, ...], int] = {}
+    prompt_of = [index.setdefault(tuple(r.prompt), len(index)) for r in rows] if share else list(range(len(rows)))
+    prompts = list(index) if share else [tuple(r.prompt) for r in rows]
+    prompt_width = max(len(p) for p in prompts)
     response_width = max(len(r.response) for r in rows)
-    ids, mask, response_mask = [], [], []
-    for r in rows:
-        left, right = prompt_width - len(r.prompt), response_width - len(r.response)
-        ids.append([pad_id] * left + r.prompt + r.response + [pad_id] * right)
-        mask.append([0] * left + [1] * (len(r.prompt) + len(r.response)) + [0] * right)
-        response_mask.append([1] * len(r.response) + [0] * right)
-    attention = torch.tensor(mask, device=device)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    return TokenBatch(
-        torch.tensor(ids, device=device), attention, positions, torch.tensor(response_mask, device=device)
-    )
+    prompt_ids = [[pad_id] * (prompt_width - len(p)) + list(p) for p in prompts]
+    prompt_mask = [[0] * (prompt_width - len(p)) + [1] * len(p) for p in prompts]
+    response_ids = [r.response + [pad_id] * (response_width - len(r.response)) for r in rows]
+    response_mask = [[1] * len(r.response) + [0] * (response_width - len(r.response)) for r in rows]
+    return TokenBatch(*(torch.tensor(x, device=device) for x in (prompt_ids, prompt_mask, prompt_of, response_ids,
+                                                                  response_mask)))  # fmt: skip
 
 
 def pad_responses(values: Sequence[Tensor], width: int) -> Tensor:
@@ -74,21 +79,47 @@ def pad_responses(values: Sequence[Tensor], width: int) -> Tensor:
     return out
 
 
+def response_logits(model: Any, batch: TokenBatch) -> Tensor:
+    """``[B, L, V]`` logits predicting each response token: one pass over the distinct prompts (its last position
+    predicts response token 0), then one over the responses on the prompts' cached keys and values, each row
+    attending to its own prompt; where no prompt repeats, one pass over whole rows (cheaper than two). Positions count
+    real tokens only, as an unpadded pass sees them."""
+    if len(batch.prompt_ids) == len(batch.prompt_of):
+        return whole_row_logits(model, batch)
+    prompt_positions = (batch.prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+    prompt = model(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=prompt_positions,
+                   use_cache=True, logits_to_keep=1)  # fmt: skip
+    name = cache_argument(model)
+    cache = prompt[name]
+    cache.batch_select_indices(batch.prompt_of)  # every row gets its prompt's keys and values
+    if batch.response_length == 1:
+        return prompt.logits[batch.prompt_of]
+    lengths = batch.prompt_mask.sum(dim=1)[batch.prompt_of]
+    positions = lengths[:, None] + torch.arange(batch.response_length - 1, device=lengths.device)
+    attention = torch.cat([batch.prompt_mask[batch.prompt_of], batch.response_mask[:, :-1]], dim=1)
+    rest = model(input_ids=batch.response_ids[:, :-1], attention_mask=attention, position_ids=positions,
+                 use_cache=True, **{name: cache}).logits  # fmt: skip
+    return torch.cat([prompt.logits[batch.prompt_of], rest], dim=1)
+
+
+def whole_row_logits(model: Any, batch: TokenBatch) -> Tensor:
+    """``response_logits`` in one pass over [prompt, response] rows (only the L + 1 last logits are computed)."""
+    length = batch.response_length
+    ids = torch.cat([batch.prompt_ids[batch.prompt_of], batch.response_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask[batch.prompt_of], batch.response_mask], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=length + 1).logits
+    return logits[:, :-1]
+
+
 def response_logprobs(
     model: Any, batch: TokenBatch, temperature: float, *, entropy_grad: bool
 ) -> tuple[Tensor, Tensor]:
     """log π(a_k | z_k) of every response token under softmax(logits / T) (Eq. 15's numerator, as verl recomputes it)
-    and the entropy of that distribution; ``[B, L]`` each, 0 at padding. Only the L + 1 last logits are computed."""
-    length = batch.response_length
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=length + 1,
-    ).logits[:, :-1]
+    and the entropy of that distribution; ``[B, L]`` each, 0 at padding."""
+    logits = response_logits(model, batch)
     logp = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
-    targets = batch.input_ids[:, -length:]
-    logprobs = logp.gather(-1, targets[..., None])[..., 0]
+    logprobs = logp.gather(-1, batch.response_ids[..., None])[..., 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp.exp() * logp).sum(-1)
     mask = batch.response_mask.bool()
@@ -102,13 +133,13 @@ def chunks(items: Sequence[int], size: int) -> Iterator[list[int]]:
 
 @torch.no_grad()
 def rows_logprobs(
-    model: Any, rows: Sequence[Row], pad_id: int, temperature: float, micro_batch_size: int
+    model: Any, rows: Sequence[Row], pad_id: int, temperature: float, micro_batch_size: int, *, share: bool = True
 ) -> list[Tensor]:
     """Each row's response log-probs under ``model`` (no gradient): old log-probs θ_old and reference log-probs."""
     device = next(model.parameters()).device
     out: list[Tensor] = []
     for micro in chunks(range(len(rows)), micro_batch_size):
-        batch = collate([rows[k] for k in micro], pad_id, device)
+        batch = collate([rows[k] for k in micro], pad_id, device, share=share)
         logprobs, _ = response_logprobs(model, batch, temperature, entropy_grad=False)
         out += [logprobs[j, : len(rows[k].response)].cpu() for j, k in enumerate(micro)]
     return out

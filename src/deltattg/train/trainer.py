@@ -66,20 +66,23 @@ def ppo_update(
     optim: OptimConfig,
     temperature: float,
     pad_id: int,
+    share_prompts: bool = True,
 ) -> dict[str, float]:
-    """One epoch over the rows in shuffled mini-batches, one optimizer step each. A mini-batch's loss is the token-mean
-    over all its response tokens (Eq. 18): micro-batches are weighted by their share of its tokens. Returns the
-    token-weighted means of ``policy_loss``'s metrics, the mean gradient norm (before clipping) and the step count."""
+    """One epoch over the rows in mini-batches, one optimizer step each. Rows are shuffled prompt by prompt (the rows
+    that share a prompt stay together, as verl keeps a group's rows together), so a micro-batch reads each distinct
+    prompt once. A mini-batch's loss is the token-mean over all its response tokens (Eq. 18): micro-batches are
+    weighted by their share of its tokens. Returns the token-weighted means of ``policy_loss``'s metrics, the mean
+    gradient norm (before clipping) and the step count."""
     device = next(actor.parameters()).device
     params = [p for p in actor.parameters() if p.requires_grad]
     totals: dict[str, float] = defaultdict(float)
     tokens_seen, grad_norms = 0, []
     actor.train()
-    for mini in chunks(torch.randperm(len(rows)).tolist(), optim.mini_batch_size):
+    for mini in chunks(shuffled_by_prompt(rows), optim.mini_batch_size):
         mini_tokens = sum(len(rows[k].response) for k in mini)
         optimizer.zero_grad(set_to_none=True)
         for micro in chunks(mini, optim.micro_batch_size):
-            batch = collate([rows[k] for k in micro], pad_id, device)
+            batch = collate([rows[k] for k in micro], pad_id, device, share=share_prompts)
             width = batch.response_length
             logprobs, entropy = response_logprobs(actor, batch, temperature, entropy_grad=loss_config.entropy_coef > 0)
             old = pad_responses([old_logprobs[k] for k in micro], width).to(device)
@@ -99,6 +102,15 @@ def ppo_update(
     out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
     out["optimizer_steps"] = len(grad_norms)
     return out
+
+
+def shuffled_by_prompt(rows: Sequence[Row]) -> list[int]:
+    """Row indices in a random order of their distinct prompts, the rows of one prompt together (torch's RNG)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for k, row in enumerate(rows):
+        by_prompt[tuple(row.prompt)].append(k)
+    groups = list(by_prompt.values())
+    return [k for g in torch.randperm(len(groups)).tolist() for k in groups[g]]
 
 
 # ---- credit ------------------------------------------------------------------------------------------------------------
@@ -147,13 +159,14 @@ def mean(values: Sequence[float | bool]) -> float:
     return float(sum(values)) / len(values) if values else 0.0
 
 
-def sampling_config(rollout: RolloutConfig, temperature: float) -> SamplingConfig:
+def sampling_config(rollout: RolloutConfig, temperature: float, share_prompts: bool = True) -> SamplingConfig:
     return SamplingConfig(
         temperature=temperature,
         top_p=rollout.top_p,
         max_new_tokens=rollout.max_new_tokens,
         batch_size=rollout.generation_batch_size,
         max_prompt_tokens=rollout.max_prompt_tokens,
+        share_prompts=share_prompts,
     )
 
 
@@ -236,7 +249,8 @@ def train(
         config.actor, env, prompt, rollout.max_turns, seed, checkpoint / ACTOR if checkpoint else None
     )
     device = torch_device(config.actor.device)
-    policy = LMPolicy(actor, tokenizer, sampling_config(rollout, rollout.temperature), prompt, name="actor")
+    share = config.run.share_prompts
+    policy = LMPolicy(actor, tokenizer, sampling_config(rollout, rollout.temperature, share), prompt, name="actor")
     if config.actor.model == TINY:  # a word-level tokenizer must know every word the actor will read or write
         demonstrations(policy, make_env, env.tasks(config.env.train_split)[:2], rollout.max_turns)
     reference = None
@@ -323,16 +337,15 @@ def train(
         with timer("update"):
             actor.eval()
             if config.optim.recompute_old_logprobs:
-                old = rows_logprobs(actor, rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
+                old = rows_logprobs(actor, rows, pad_id, rollout.temperature, config.optim.micro_batch_size, share=share)
                 record["rollout_logprob_gap"] = logprob_gap(old, trajectories, rows)
             else:
                 old = sampled_logprobs(trajectories, rows)
             ref = None
             if reference is not None:
-                ref = reference.logprobs(rows, pad_id, rollout.temperature, config.optim.micro_batch_size)
-            record |= ppo_update(
-                actor, optimizer, rows, advantages, old, ref, loss_config, config.optim, rollout.temperature, pad_id
-            )
+                ref = reference.logprobs(rows, pad_id, rollout.temperature, config.optim.micro_batch_size, share)
+            record |= ppo_update(actor, optimizer, rows, advantages, old, ref, loss_config, config.optim,
+                                 rollout.temperature, pad_id, share)  # fmt: skip
 
         record |= timer.metrics()
         if config.eval.every and step % config.eval.every == 0:
