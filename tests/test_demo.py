@@ -42,7 +42,8 @@ def test_report_and_every_plot_it_references_exist(demo):
     out, _ = demo
     report = (out / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
-    assert {"success.png", "credit.png", "meter_fit.png"} <= set(images)
+    assert {"success.png", "credit/inspect.png", "meter_fit.png"} <= set(images)
+    assert (out / "credit" / "inspect.md").is_file() and "| DeltaTTG (oracle meter) | deltattg |" in report
     for name in images:
         assert (out / name).read_bytes()[:8] == PNG_SIGNATURE, name
 
@@ -54,7 +55,8 @@ def test_report_shows_both_methods_numbers_from_their_metrics(demo):
         records = read_records(out / arm.folder)
         evals = [r for r in records if "eval/greedy_success" in r]
         assert [r["step"] for r in evals] == list(range(QUICK["steps"] + 1))  # eval every step, and before the first
-        row = next(line for line in report.splitlines() if line.startswith(f"| {label(arm.name)} |"))
+        rl_section = report[report.index("## 5. RL") :]
+        row = next(line for line in rl_section.splitlines() if line.startswith(f"| {label(arm.name)} |"))
         for mode in ("greedy", "sampled"):
             first, last = evals[0][f"eval/{mode}_success"], evals[-1][f"eval/{mode}_success"]
             assert f"{percent(first)} → {percent(last)}" in row, (arm, mode, row)

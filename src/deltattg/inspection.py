@@ -34,7 +34,7 @@ CLASS_COLORS = {"progress": "#55a868", "neutral": "#8c8c8c", "regress": "#c44e52
 
 
 @dataclass(frozen=True)
-class Arm:
+class CreditArm:
     """One column of the comparison: ``method`` run over ``items`` (scored trajectories), shown as ``label``."""
 
     label: str
@@ -91,7 +91,7 @@ class Inspection:
         return {c: sum(row.count(c) for row in self.classes or []) for c in STEP_CLASSES}
 
 
-def check_same_trajectories(arms: Sequence[Arm]) -> None:
+def check_same_trajectories(arms: Sequence[CreditArm]) -> None:
     """Every arm's file holds the same trajectory ids in the same order."""
     first = [item.trajectory.id for item in arms[0].items]
     for arm in arms[1:]:
@@ -117,7 +117,7 @@ def household_distances(items: Sequence[Located]) -> list[list[int]]:
     return out
 
 
-def inspect_credit(arms: Sequence[Arm], config: CreditConfig, *, env: str | None = None, tokenizer: Any = None) -> Inspection:
+def inspect_credit(arms: Sequence[CreditArm], config: CreditConfig, *, env: str | None = None, tokenizer: Any = None) -> Inspection:
     """Credit of every arm; with ``env="household"`` the step classes and each arm's precision."""
     if not arms:
         raise ValueError("nothing to inspect: no arms")
@@ -249,7 +249,7 @@ def write_report(result: Inspection, items: Sequence[Located], out: Path, *, sho
     return text
 
 
-def arms_of(inputs: Sequence[tuple[str, Sequence[Located]]], methods: Sequence[str]) -> list[Arm]:
+def arms_of(inputs: Sequence[tuple[str, Sequence[Located]]], methods: Sequence[str]) -> list[CreditArm]:
     """One arm per (input, method); a method that reads no meter runs once (on the first input), and labels name the
     input only where there are several."""
     arms = []
@@ -257,5 +257,5 @@ def arms_of(inputs: Sequence[tuple[str, Sequence[Located]]], methods: Sequence[s
         sources = inputs if needs_meter(method) else inputs[:1]
         for name, items in sources:
             label = method if len(sources) == 1 else f"{method} [{name}]"
-            arms.append(Arm(label, method, items))
+            arms.append(CreditArm(label, method, items))
     return arms

@@ -93,6 +93,7 @@ class DemoConfig:
     # ---- evaluation (held-out tasks) and test-time guidance (E.5) ----
     eval_every: int = 5
     eval_tasks: int = 40
+    eval_sampled: bool = True  # also evaluate at temperature 1 (greedy always)
     guidance_tasks: int = 40
     candidates: int = 4
     credit_tasks: int = 8  # tasks the base actor plays G times to find a group for the credit figure

@@ -26,7 +26,8 @@ import torch
 import yaml
 
 from deltattg.credit import CreditConfig
-from deltattg.credit.records import assign_credit
+from deltattg.inspection import CreditArm, Inspection, inspect_credit
+from deltattg.meter.oracle import OracleMeter
 from deltattg.data.jsonl import write_jsonl
 from deltattg.data.labels import remaining_sums
 from deltattg.data.sources import Located
@@ -48,7 +49,6 @@ from deltattg.train.actor import torch_device
 from deltattg.train.trainer import mean
 from deltattg.train.config import ActorConfig, EnvConfig
 
-METHODS = ("grpo", "deltattg")
 PRESET = "household-tiny"  # the trainer preset under the demo's settings (the demo sets every field it relies on)
 
 
@@ -207,21 +207,28 @@ class MeterFit:
     success: list[bool]  # the trajectory's outcome (b of Eq. 2)
     true_ttg: list[float]  # Eq. 1 (meaningful where success)
     predicted_can: list[bool]  # b̂
-    predicted_ttg: list[float | None]  # v̂ (None where b̂ = 0)
+    predicted_ttg: list[float | None]  # v̂ (the regression meter gives it where b̂ = 0 too; None where a meter does not)
 
     @property
     def completion_accuracy(self) -> float:
         return mean([p == s for p, s in zip(self.predicted_can, self.success)])
 
+    def confusion(self) -> dict[tuple[bool, bool], int]:
+        """States counted by (the trajectory succeeded, the meter predicted b̂ = 1)."""
+        out = {(s, p): 0 for s in (True, False) for p in (True, False)}
+        for s, p in zip(self.success, self.predicted_can):
+            out[s, p] += 1
+        return out
+
     def successful_pairs(self) -> tuple[list[float], list[float]]:
-        """(true, predicted) TTG of the successful trajectories' states that the meter predicts completable."""
+        """(true, predicted) TTG of the successful trajectories' states (v̂ whatever b̂ says)."""
         pairs = [(t, p) for s, t, p in zip(self.success, self.true_ttg, self.predicted_ttg) if s and p is not None]
         return [t for t, _ in pairs], [p for _, p in pairs]
 
     @property
     def spearman(self) -> float:
-        """Spearman's rank correlation of true and predicted TTG (tied values share their mean rank); NaN where it is
-        undefined."""
+        """Spearman's rank correlation of true and predicted TTG on the successful trajectories' states (tied values
+        share their mean rank); NaN where it is undefined."""
         true, predicted = self.successful_pairs()
         if len(true) < 3 or len(set(true)) < 2 or len(set(predicted)) < 2:
             return float("nan")  # undefined for fewer than three pairs or a constant side
@@ -253,7 +260,7 @@ def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
             fit.success.append(trajectory.success)
             fit.true_ttg.append(float(ttg))
             fit.predicted_can.append(bool(reading.can_complete))
-            fit.predicted_ttg.append(reading.tokens_to_go if reading.can_complete else None)
+            fit.predicted_ttg.append(reading.tokens_to_go)
     return fit
 
 
@@ -272,7 +279,7 @@ def trainer_settings(config: DemoConfig, actor_spec: str, layout: str) -> dict:
         "loss": {"kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef},
         "optim": {"lr": config.lr, "mini_batch_size": config.mini_batch_size,
                   "micro_batch_size": config.micro_batch_size},
-        "eval": {"every": config.eval_every, "num_tasks": config.eval_tasks, "greedy": True, "sampled": True,
+        "eval": {"every": config.eval_every, "num_tasks": config.eval_tasks, "greedy": True, "sampled": config.eval_sampled,
                  "at_start": True},
         "run": {"steps": config.steps, "seed": config.seed, "save_every": config.steps, "keep_checkpoints": 1,
                 "threads": config.threads, "progress": True},
@@ -364,45 +371,28 @@ def guidance_rows(config: DemoConfig, world: World, actor: BaseActor, meter: Any
     return rows
 
 
-@dataclass
-class CreditExample:
-    """One group of base-actor rollouts with per-step credit under each estimator (``assign_credit`` records)."""
-
-    records: dict[str, list[dict]]  # method -> one record per trajectory of the group
-    actions: list[list[str]]  # each trajectory's actions
-
-    def shown(self) -> list[int]:
-        """The trajectories to draw: the longest success and the longest failure (whichever exist)."""
-        records = self.records["grpo"]
-        picks = []
-        for outcome in (True, False):
-            candidates = [i for i, r in enumerate(records) if r["success"] is outcome]
-            if candidates:
-                picks.append(max(candidates, key=lambda i: (len(self.actions[i]), -i)))
-        return picks
-
-
 def with_readings(trajectory: Trajectory, readings: list[MeterOutput | None]) -> Located:
     """The trajectory with its meter readings, as ``assign_credit`` reads it."""
     scored = replace(trajectory, meter=readings)
     return Located("demo", 0, scored, scored.to_json())
 
 
-def credit_example(config: DemoConfig, world: World, actor: BaseActor, meter: Any) -> CreditExample:
-    """G sampled base-actor rollouts on each of ``credit_tasks`` training tasks; the first group with both a success
-    and a failure (else the last group) gets per-step credit by GRPO and by DeltaTTG with the trained meter."""
+def credit_inspection(config: DemoConfig, world: World, actor: BaseActor, meter: Any) -> tuple[Inspection, list[Located]]:
+    """G sampled base-actor rollouts of ``credit_tasks`` training tasks, credited by GRPO and by DeltaTTG reading the
+    learned meter and (household) the oracle: ``deltattg inspect``'s per-step credit and precision table, and the
+    rollouts."""
     torch.manual_seed(config.seed)
     tasks = world.tasks(config.train_split, config.credit_tasks)
     rollouts = run_episodes(world.make_env, tasks, actor.policy(config, world), group_size=config.group_size,
                             max_turns=config.max_turns)  # fmt: skip
-    groups = [rollouts[k : k + config.group_size] for k in range(0, len(rollouts), config.group_size)]
-    group = next((g for g in groups if len({t.success for t in g}) == 2), groups[-1])
-    readings, _ = read_states(meter, group)
-    items = [with_readings(t, r) for t, r in zip(group, readings)]
+    learned = [with_readings(t, r) for t, r in zip(rollouts, read_states(meter, rollouts)[0])]
+    arms = [CreditArm("GRPO", "grpo", learned), CreditArm("DeltaTTG (learned meter)", "deltattg", learned)]
+    household = config.env == "household"
+    if household:
+        exact = read_states(OracleMeter(actor.tokenizer), rollouts)[0]
+        arms.append(CreditArm("DeltaTTG (oracle meter)", "deltattg", [with_readings(t, r) for t, r in zip(rollouts, exact)]))
     credit = CreditConfig(rho=config.rho, cap=config.cap, failure_cost=config.failure_cost)
-    records = {method: assign_credit(items, method, credit) for method in METHODS}
-    actions = [[m["content"] for m in t.messages or [] if m["role"] == "assistant"] for t in group]
-    return CreditExample(records, actions)
+    return inspect_credit(arms, credit, env="household" if household else None), learned
 
 
 # ---- the whole demo --------------------------------------------------------------------------------------------------
@@ -417,7 +407,8 @@ class DemoResult:
     fit: MeterFit | None = None
     runs: dict[str, list[dict]] = field(default_factory=dict)
     guidance: list[GuidanceRow] = field(default_factory=list)
-    credit: CreditExample | None = None
+    credit: Inspection | None = None
+    credit_items: list[Located] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -460,7 +451,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> D
         if guidance:
             with stage("5 guidance and credit example", timings):
                 result.guidance = guidance_rows(config, world, actor, meter)
-                result.credit = credit_example(config, world, actor, meter)
+                result.credit, result.credit_items = credit_inspection(config, world, actor, meter)
     return result
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from deltattg.demo.pipeline import METHODS, CreditExample, DemoResult, GuidanceRow, MeterFit
+from deltattg.demo.pipeline import DemoResult, GuidanceRow, MeterFit
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 
@@ -29,13 +29,14 @@ def label(arm: str) -> str:
 
 def color(arm: str, index: int = 0) -> str:
     return COLORS.get(arm, PALETTE[index % len(PALETTE)])
-SUCCESS_PLOT, CREDIT_PLOT, METER_PLOT = "success.png", "credit.png", "meter_fit.png"
+SUCCESS_PLOT, METER_PLOT = "success.png", "meter_fit.png"
+CREDIT_DIR = "credit"  # deltattg inspect's report of the demo's credit: inspect.md, inspect.json, inspect.png
 TRAIN_WINDOW = 5  # steps averaged for the "training success at the end" column
 
 
 def percent(rate: float) -> str:
-    """A success rate as the report prints it (percent, one decimal)."""
-    return f"{100 * rate:.1f}"
+    """A success rate as the report prints it (percent, one decimal; "-" for none)."""
+    return "-" if math.isnan(rate) else f"{100 * rate:.1f}"
 
 
 # ---- reading the metrics records -------------------------------------------------------------------------------------
@@ -115,52 +116,21 @@ def plot_success(runs: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def short(action: str, width: int = 22) -> str:
-    return action if len(action) <= width else action[: width - 1] + "…"
-
-
-def plot_credit(example: CreditExample, path: Path) -> None:
-    """Per-step advantages Ã_{i,t} of the shown trajectories under GRPO (flat) and DeltaTTG (redistributed)."""
+def plot_meter_fit(fit: MeterFit, path: Path) -> None:
+    """Predicted vs true Token-to-Go on the held-out successful trajectories' states, marked by the meter's b̂ (a
+    state read as b̂ = 0 costs C in Eq. 7 whatever v̂ says)."""
     plt = pyplot()
-    shown = example.shown()
-    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 3.4 * len(shown)), squeeze=False)
-    for ax, i in zip(axes[:, 0], shown):
-        steps = len(example.actions[i])
-        width = 0.4
-        for k, method in enumerate(METHODS):
-            values = example.records[method][i]["step_advantages"]
-            ax.bar([t + (k - 0.5) * width for t in range(steps)], values, width, color=color(method),
-                   label=label(method))  # fmt: skip
-        ax.axhline(0, color="black", lw=0.6)
-        ax.set_xticks(range(steps))
-        ax.set_xticklabels([f"{t}: {short(a)}" for t, a in enumerate(example.actions[i])], rotation=30, ha="right",
-                           fontsize=7)  # fmt: skip
-        record = example.records["deltattg"][i]
-        outcome = "success" if record["success"] else "failure"
-        ax.set_title(f"{record['id']}  ({outcome}, A = {record['advantage']:+.3f}, DeltaTTG: {record['credit']})",
-                     fontsize=9)  # fmt: skip
-        ax.set_ylabel("step advantage Ã")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_meter_fit(fit: MeterFit, failure_cost: float, path: Path) -> None:
-    """Predicted vs true Token-to-Go on held-out successful trajectories; states the meter calls unsuccessful are
-    drawn at the top (c = C would be off the chart)."""
-    plt = pyplot()
-    true, predicted = fit.successful_pairs()
-    missed = [t for s, t, p in zip(fit.success, fit.true_ttg, fit.predicted_ttg) if s and p is None]
-    top = max([*true, *predicted, *missed, 1.0]) * 1.08
+    points = [(t, p, c) for s, t, p, c in zip(fit.success, fit.true_ttg, fit.predicted_ttg, fit.predicted_can)
+              if s and p is not None]  # fmt: skip
+    top = max([v for t, p, _ in points for v in (t, p)] + [1.0]) * 1.05
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    ax.scatter(true, predicted, s=14, alpha=0.6, label="b̂ = 1: predicted v̂")
-    if missed:
-        ax.scatter(missed, [top] * len(missed), marker="x", color="crimson", s=18,
-                   label=f"b̂ = 0 (cost C = {failure_cost:g})")  # fmt: skip
+    for can, marker, tint, name in ((True, "o", "#4c72b0", "b̂ = 1"), (False, "x", "crimson", "b̂ = 0 (cost C)")):
+        chosen = [(t, p) for t, p, c in points if c is can]
+        if chosen:
+            ax.scatter(*zip(*chosen), marker=marker, s=16, alpha=0.6, color=tint, label=f"{name}: {len(chosen)}")
     ax.plot([0, top], [0, top], color="gray", lw=0.8, ls="--")
     ax.set_xlabel("true Token-to-Go (Eq. 1)")
-    ax.set_ylabel("meter's predicted Token-to-Go")
+    ax.set_ylabel("meter's predicted Token-to-Go v̂")
     ax.set_title(f"held-out tasks: Spearman {fit.spearman:.2f}, completion acc. {percent(fit.completion_accuracy)}%",
                  fontsize=9)  # fmt: skip
     ax.legend(fontsize=8, loc="lower right")
@@ -205,12 +175,20 @@ def guidance_row(actor: str, split: str, rows: Sequence[GuidanceRow]) -> list[st
 
 
 def summary_table(result: DemoResult) -> str:
-    """The console summary: GRPO vs DeltaTTG, then the guidance table."""
+    """The console summary: credit precision, the RL arms, then the guidance table."""
     config = result.config
     summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
     guidance = guidance_row("base", config.eval_split, result.guidance)
+    precision = []
+    if result.credit is not None and result.credit.precision:
+        rows = [[arm, percent(p.positive_on_progress), percent(p.negative_off_progress)]
+                for arm, p in result.credit.precision.items()]  # fmt: skip
+        precision = ["credit precision on base-actor rollouts (% of positive credit on progress steps, % of negative "
+                     "credit on the others):", text_table(("arm", "positive on progress", "negative elsewhere"), rows),
+                     ""]  # fmt: skip
     return "\n".join([
-        f"GRPO vs DeltaTTG, {config.steps} steps each, eval on {config.eval_tasks} {config.eval_split} tasks:",
+        *precision,
+        f"RL arms, {config.steps} steps each, eval on {config.eval_tasks} {config.eval_split} tasks (one seed):",
         text_table(RL_HEADER, rl_rows(summaries)),
         "",
         f"test-time action selection, base actor, {config.guidance_tasks} {config.eval_split} tasks (Table 9 layout):",
@@ -218,39 +196,30 @@ def summary_table(result: DemoResult) -> str:
     ])  # fmt: skip
 
 
-def credit_markdown(example: CreditExample) -> str:
-    """One table per shown trajectory: each step's action, meter reading, GRPO and DeltaTTG step advantages."""
-    blocks = []
-    for i in example.shown():
-        grpo, ours = example.records["grpo"][i], example.records["deltattg"][i]
-        rows = [[str(t), action, reading_text(ours["meter"][t]), f"{g:+.4f}", f"{d:+.4f}"]
-                for t, (action, g, d) in enumerate(zip(example.actions[i], grpo["step_advantages"],
-                                                       ours["step_advantages"]))]  # fmt: skip
-        outcome = "success" if ours["success"] else "failure"
-        blocks.append(f"**{ours['id']}** — {outcome}, A = {ours['advantage']:+.4f}, DeltaTTG credit: "
-                      f"{ours['credit']}\n\n"
-                      + markdown_table(("step", "action", "meter reading before the step", "Ã GRPO", "Ã DeltaTTG"),
-                                       rows))  # fmt: skip
-    return "\n\n".join(blocks)
-
-
-def reading_text(reading: dict | None) -> str:
-    if reading is None:
-        return "invalid"
-    return f"v̂ = {reading['tokens_to_go']:g}" if reading["can_complete"] else "b̂ = 0 (cost C)"
+def confusion_table(fit: MeterFit) -> str:
+    """States of the held-out trajectories by outcome (rows) and the meter's b̂ (columns)."""
+    counts = fit.confusion()
+    rows = []
+    for outcome, name in ((True, "successful trajectories"), (False, "failed trajectories")):
+        total = max(counts[outcome, True] + counts[outcome, False], 1)
+        rows.append([name, *(f"{counts[outcome, b]} ({percent(counts[outcome, b] / total)}%)" for b in (True, False))])
+    return markdown_table(("states of", "read b̂ = 1", "read b̂ = 0"), rows)
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------
 def write_report(result: DemoResult) -> Path:
-    """Draw the plots, write ``demo_config.yaml`` and ``report.md`` under ``result.out``; return the report's path."""
+    """Draw the plots, write ``demo_config.yaml``, the credit inspection (``credit/``) and ``report.md`` under
+    ``result.out``; return the report's path."""
+    from deltattg.inspection import precision_table
+    from deltattg.inspection import write_report as write_inspection
+
     out, config = result.out, result.config
     assert result.actor is not None and result.fit is not None and result.credit is not None
     plot_success(result.runs, out / SUCCESS_PLOT)
-    plot_credit(result.credit, out / CREDIT_PLOT)
-    plot_meter_fit(result.fit, config.failure_cost, out / METER_PLOT)
+    plot_meter_fit(result.fit, out / METER_PLOT)
+    write_inspection(result.credit, result.credit_items, out / CREDIT_DIR)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
     summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
-    grpo, ours = (RunSummary.of(arm, result.runs[arm]) for arm in METHODS)
     actor = result.actor
     parameters = sum(p.numel() for p in actor.model.parameters())
     pool_rows = [[name, str(n), percent(rate), f"{steps:.2f}"] for name, (n, rate, steps) in result.pool.items()]
@@ -261,14 +230,20 @@ def write_report(result: DemoResult) -> Path:
     clone = (f"behaviour-cloned on {actor.demonstrations} successful ε = {config.clone_epsilon:g} noisy-expert "
              f"episodes for {config.clone_epochs} epoch(s) ({len(actor.clone_losses)} steps, final batch loss "
              f"{actor.clone_losses[-1]:.3f})" if actor.clone_losses else "used as it is (no cloning)")  # fmt: skip
+    grpo = next((s for s in summaries if s.method == "grpo"), summaries[0])
+    times = ", ".join(f"{label(s.method)} {s.seconds_per_step / max(grpo.seconds_per_step, 1e-12):.2f}"
+                      for s in summaries if s is not grpo)  # fmt: skip
+    census = result.credit.census() if result.credit.classes else None
     sections = [
         "# deltattg demo",
         f"Environment `{config.env}`, actor `{config.model}` ({parameters / 1e6:.2f} M parameters), seed "
         f"{config.seed}, {config.threads} torch thread(s). Every setting: `demo_config.yaml`; the trainer's: "
-        f"`train.yaml` (rerun one method with `deltattg train --config train.yaml --method grpo --out DIR`).",
+        f"`train.yaml` (rerun one arm with `deltattg train --config train.yaml --method grpo --out DIR`). The numbers "
+        "below come from this run on this machine; the same machine and packages give the same numbers, another CPU "
+        "may round differently and sample other rollouts.",
         markdown_table(("stage", "wall time (s)"), timing_rows),
         "## 1. Base actor",
-        f"`{actor.spec}`: {clone}. The same weights start both RL runs.",
+        f"`{actor.spec}`: {clone}. The same weights start every RL run.",
         "## 2. Trajectory pool",
         f"{sum(n for n, _, _ in result.pool.values())} episodes on the same training tasks (`pool.jsonl`); Token-to-Go "
         f"labels count each action in the actor's tokenizer.",
@@ -278,31 +253,36 @@ def write_report(result: DemoResult) -> Path:
         f"trained end to end, `meter/`): {meter['examples']} decision states, {config.meter_epochs} epoch(s), "
         f"final batch loss {meter['final_loss']:.3f}. On the held-out pool tasks ({len(fit.success)} states): "
         f"completion accuracy {percent(fit.completion_accuracy)}%, Spearman ρ(true, predicted TTG) "
-        f"{fit.spearman:.2f}, mean absolute error {fit.mean_absolute_error:.1f} tokens (successful trajectories, "
-        f"states predicted completable).",
+        f"{fit.spearman:.2f}, mean absolute error {fit.mean_absolute_error:.1f} tokens (the successful "
+        f"trajectories' states). How the meter reads b̂ on the states of successful and of failed trajectories:",
+        confusion_table(fit),
         f"![meter fit]({METER_PLOT})",
-        "## 4. GRPO vs DeltaTTG",
+        "## 4. Where the credit goes",
+        f"{config.group_size} sampled base-actor rollouts of each of {config.credit_tasks} training tasks, credited by "
+        "GRPO (the trajectory's advantage on every step) and by DeltaTTG reading the learned meter"
+        + (" and the oracle meter (the household planner's exact readings). The planner also says which steps made "
+           "progress (the distance to the goal drops), which were neutral and which regressed; the table gives the "
+           "share of positive credit (A > 0, token-weighted) on progress steps and of negative credit (A < 0) on "
+           f"neutral and regress steps ({census['progress']} progress, {census['neutral']} neutral, "
+           f"{census['regress']} regress steps)." if census else ".")
+        + f" Per-step tables of the drawn trajectories: `{CREDIT_DIR}/inspect.md`.",
+        precision_table(result.credit) if census else "",
+        f"![per-step credit]({CREDIT_DIR}/inspect.png)",
+        "## 5. RL: GRPO and DeltaTTG",
         f"{config.steps} steps each, {config.batch_size} tasks × G = {config.group_size} rollouts per step, lr "
         f"{config.lr:g}, C = {config.failure_cost:g}, ρ = {config.rho:g}, M = {config.cap:g}; held-out evaluation on "
-        f"{config.eval_tasks} `{config.eval_split}` tasks every {config.eval_every} steps (greedy and sampled). "
-        f"Runs: `grpo/`, `deltattg/` (`metrics.jsonl`, `config.yaml`, final checkpoint).",
+        f"{config.eval_tasks} `{config.eval_split}` tasks every {config.eval_every} steps. One seed: the gap between "
+        "arms in one run is mostly noise; `bench/bench_train.py` runs the same arms over paired seeds with "
+        "confidence intervals (the README's table). Runs: " + ", ".join(f"`{a}/`" for a in result.runs) + ".",
         markdown_table(RL_HEADER, rl_rows(summaries)),
-        f"Training-step time DeltaTTG ÷ GRPO: {ours.seconds_per_step / max(grpo.seconds_per_step, 1e-12):.2f} "
-        f"(meter scoring included; rollout length differs between the runs). Cumulative response tokens: GRPO "
-        f"{grpo.response_tokens}, DeltaTTG {ours.response_tokens}.",
+        f"Training-step time ÷ GRPO's (meter scoring included; rollout lengths differ between runs): {times}.",
         f"![success curves]({SUCCESS_PLOT})",
-        "## 5. Test-time action selection (E.5, Table 9 layout)",
+        "## 6. Test-time action selection (E.5, Table 9 layout)",
         f"The base actor on {config.guidance_tasks} `{config.eval_split}` tasks, temperature 1: one sampled action "
         f"per step; one of {config.candidates} sampled candidates at random; the candidate whose successor state the "
         f"meter predicts cheapest (SR: success rate, Steps: average interaction length).",
         markdown_table(guidance_header(config.candidates), [guidance_row("base", config.eval_split, result.guidance)]),
-        "## 6. One group's credit: GRPO vs DeltaTTG",
-        f"{config.group_size} sampled base-actor rollouts of one training task, scored by the meter; GRPO gives every "
-        f"step of a trajectory its advantage A, DeltaTTG redistributes it by the predicted progress of each step "
-        f"(same sign, same token mean).",
-        f"![per-step credit]({CREDIT_PLOT})",
-        credit_markdown(result.credit),
     ]  # fmt: skip
     path = out / "report.md"
-    path.write_text("\n\n".join(sections) + "\n")
+    path.write_text("\n\n".join(part for part in sections if part) + "\n")
     return path
