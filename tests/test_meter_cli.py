@@ -4,6 +4,7 @@ by hand."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -106,3 +107,34 @@ def test_eval_steps_without_labels_is_an_input_error(tmp_path, meter_dir, capsys
                                "messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "go"}]}) + "\n")
     assert main(["eval-steps", "--meter", str(meter_dir), "--data", str(src), "--no-progress"]) == 2
     assert "step_labels" in capsys.readouterr().err
+
+
+def test_a_score_meter_feeds_the_value_ablation_and_only_it(tmp_path, meter_dir, capsys):
+    """``train-meter --target score`` learns the final reward at every state; its readings carry ``score`` (and the
+    logit), which ``--method value`` reads, and no (b̂, v̂), which ``deltattg`` refuses naming the field."""
+    src = tmp_path / "apb.jsonl"
+    src.write_text("".join(json.dumps(apb_record(i, i % 2 == 0, 1 + i % 3)) + "\n" for i in range(6)))
+    folder = tmp_path / "score-meter"
+    assert main(["train-meter", str(src), "--out", str(folder), "--model", str(meter_dir / "backbone"), "--target",
+                 "score", "--head-epochs", "2", "--tokenizer", str(meter_dir / "backbone")]) == 0  # fmt: skip
+    assert json.loads((folder / "meter_config.json").read_text())["target"] == "score"
+    scored = tmp_path / "scored.jsonl"
+    assert main(["score", str(src), "--meter", str(folder), "--out", str(scored), "--no-progress"]) == 0
+    readings = [m for line in scored.read_text().splitlines() for m in json.loads(line)["meter"]]
+    assert readings and all(set(m) == {"logit", "score"} for m in readings)
+    credit = tmp_path / "credit.jsonl"
+    common = ["--failure-cost", "500", "--tokenizer", str(meter_dir / "backbone"), "--out", str(credit)]
+    assert main(["credit", str(scored), "--method", "value", *common]) == 0
+    assert main(["credit", str(scored), "--method", "deltattg", *common[:-2], "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert f"{scored}:1: meter[0].can_complete:" in capsys.readouterr().err
+
+
+def test_score_loss_by_hand():
+    import torch
+
+    from deltattg.meter.regression import score_loss
+
+    # BCE(0 logit vs 1) = ln 2; smooth-L1 on scores |0.5 − 1| = 0.5 < 1 -> 0.5·0.5² = 0.125, |0 − 0| = 0 -> mean 0.0625.
+    outputs = torch.tensor([[0.0, 0.5], [0.0, 0.0]])
+    loss = score_loss(outputs, torch.tensor([True, False]), torch.tensor([1.0, 0.0]))
+    assert loss.item() == pytest.approx(math.log(2) + 0.0625, rel=1e-6)
