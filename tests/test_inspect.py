@@ -53,7 +53,7 @@ def scored(tmp_path_factory):
     pool = folder / "pool.jsonl"
     assert main(["collect", "--env", "household", "--short", "--policy", "expert:0.3", "--policy", "expert:0.6",
                  "--episodes", "48", "--group-size", "8", "--max-turns", "12", "--out", str(pool), "--no-progress"]) == 0
-    for name, dials in (("oracle", []), ("noisy", ["--oracle-noise", "1.0", "--oracle-flip", "0.3"])):
+    for name, dials in (("oracle", []), ("noisy", ["--oracle-noise", "0.5", "--oracle-flip", "0.1"])):
         assert main(["score", str(pool), "--meter", "oracle", "--tokenizer", str(folder / "tok"), "--no-progress",
                      "--out", str(folder / f"{name}.jsonl"), *dials]) == 0  # fmt: skip
     return folder
