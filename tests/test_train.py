@@ -373,6 +373,25 @@ def test_micro_batches_give_the_mini_batch_token_mean(micro):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w_micro, w_full))
 
 
+def test_reading_each_prompt_once_updates_exactly_like_reading_every_row():
+    """The prompt-sharing update (each distinct prompt read once, its cache copied to its rows) gives the weights of
+    the update that reads every row whole."""
+    tokenizer = word_tokenizer("a b c d e f".split())
+    rows = [Row([5, 6, 7], [8, 9, 10, 11], 0, 0), Row([5], [7], 1, 0), Row([5, 6, 7], [8, 10], 1, 1),
+            Row([6, 7], [8, 9], 2, 0), Row([5, 6, 7], [11], 2, 1)]  # fmt: skip
+    advantages = torch.tensor([1.0, -2.0, 0.5, 0.3, -1.0])
+    weights = []
+    for share in (True, False):
+        model = tiny_llama(tokenizer, hidden=32, layers=2, heads=2, seed=1)
+        old = [lp + 0.05 for lp in rows_logprobs(model, rows, tokenizer.pad_token_id, 1.0, 8, share=share)]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(0)
+        ppo_update(model, optimizer, rows, advantages, old, None, LossConfig(entropy_coef=0.01),
+                   OptimConfig(mini_batch_size=8, micro_batch_size=3), 1.0, tokenizer.pad_token_id, share)  # fmt: skip
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*weights))
+
+
 # ---- LoRA, configuration, CLI, vocabulary check ------------------------------------------------------------------------
 def test_lora_trains_adapters_only_and_kl_uses_the_base(tmp_path, actor_dir):
     lora = ("actor.lora_rank=4", "loss.kl_coef=0.1", "eval.every=0")
