@@ -93,33 +93,40 @@ def finished(run: Path, steps: int) -> bool:
         return False
 
 
-def run_seed(args: argparse.Namespace, seed: int, arms: Sequence[Arm]) -> str:
-    """Every arm of one seed (in its own process: one torch thread)."""
-    config = seed_config(args, seed)
-    folder = args.out / f"seed-{seed}"
+def prepare(args: argparse.Namespace, seed: int, learned: bool) -> str:
+    """One seed's base actor, pool and meter (in its own process: one torch thread)."""
     start = time.perf_counter()
     with process_settings(1):
-        prepare_seed(config, folder, any(a.meter == "learned" for a in arms))
-        for arm in arms:
-            run = folder / arm.folder
-            if finished(run, config.steps):
-                continue
-            overrides = [*arm.overrides(folder / "meter"), f"run.out={run}", "run.progress=false",
-                         f"run.save_every={config.steps}", "run.keep_checkpoints=1"]  # fmt: skip
-            train(resolve(PRESET, folder / "train.yaml", overrides))
-    return f"[bench] seed {seed}: {time.perf_counter() - start:.0f} s"
+        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", learned)
+    return f"[bench] seed {seed} prepared: {time.perf_counter() - start:.0f} s"
+
+
+def run_arm(args: argparse.Namespace, seed: int, arm: Arm) -> str:
+    """One arm of one seed (in its own process), unless its finished run is already there."""
+    config = seed_config(args, seed)
+    folder = args.out / f"seed-{seed}"
+    run = folder / arm.folder
+    if finished(run, config.steps):
+        return f"[bench] seed {seed} {arm.name}: already there"
+    start = time.perf_counter()
+    overrides = [*arm.overrides(folder / "meter"), f"run.out={run}", "run.progress=false",
+                 f"run.save_every={config.steps}", "run.keep_checkpoints=1"]  # fmt: skip
+    with process_settings(1):
+        train(resolve(PRESET, folder / "train.yaml", overrides))
+    return f"[bench] seed {seed} {arm.name}: {time.perf_counter() - start:.0f} s"
 
 
 def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
-    if args.jobs <= 1:
-        for seed in args.seeds:
-            print(run_seed(args, seed, arms), flush=True)
-        return
+    """Every seed's preparation, then every (seed, arm) run, ``--jobs`` processes at a time."""
     import multiprocessing
 
+    learned = any(a.meter == "learned" for a in arms)
+    units = [(seed, arm) for seed in args.seeds for arm in arms]
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        for line in pool.map(run_seed, [args] * len(args.seeds), args.seeds, [arms] * len(args.seeds)):
+    with concurrent.futures.ProcessPoolExecutor(max(args.jobs, 1), mp_context=context) as pool:
+        for line in pool.map(prepare, [args] * len(args.seeds), args.seeds, [learned] * len(args.seeds)):
+            print(line, flush=True)
+        for line in pool.map(run_arm, [args] * len(units), *zip(*units)):
             print(line, flush=True)
 
 
