@@ -64,7 +64,7 @@ PHASES = ("rollout", "meter", "credit", "update")
 
 # ---- running -------------------------------------------------------------------------------------------------------
 def seed_config(args: argparse.Namespace, seed: int) -> DemoConfig:
-    config = demo_config(quick=args.quick, seed=seed, threads=1)
+    config = demo_config(quick=args.quick, seed=seed, threads=1, budget=False)
     return config.replace(steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks,
                           **{k: v for k, v in args.set})  # fmt: skip
 

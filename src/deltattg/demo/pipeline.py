@@ -333,13 +333,34 @@ class Arm:
         return out
 
 
-def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path, steps: int) -> list[dict]:
+def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path) -> list[dict]:
     """One arm's run in ``out/<arm folder>`` (a fresh folder: the checkpoints of an earlier, longer run there would
     outlive this one's); returns its metrics records."""
     folder = out / arm.folder
     shutil.rmtree(folder, ignore_errors=True)
-    print(f"[demo]   {arm.name}: {steps} steps -> {folder}", file=sys.stderr, flush=True)
-    return train(resolve(PRESET, settings_file, [*arm.overrides(meter_dir), f"run.out={folder}"]))
+    print(f"[demo]   {arm.name} -> {folder}", file=sys.stderr, flush=True)
+    return train(resolve(PRESET, settings_file, [*arm.overrides(meter_dir), f"run.out={folder}", "run.progress=false"]))
+
+
+def train_arm_in_process(arm: Arm, settings_file: Path, meter_dir: Path, out: Path, threads: int) -> list[dict]:
+    """``train_arm`` in a worker process, under the demo's process settings."""
+    with process_settings(threads):
+        return train_arm(arm, settings_file, meter_dir, out)
+
+
+def train_arms(config: DemoConfig, settings_file: Path, meter_dir: Path, out: Path) -> dict[str, list[dict]]:
+    """Every arm from the same settings, ``config.jobs`` at a time in their own processes (one torch thread each:
+    tiny models gain more from two processes than from two threads)."""
+    arms = [Arm.parse(spec) for spec in config.arms]
+    if config.jobs <= 1:
+        return {arm.name: train_arm(arm, settings_file, meter_dir, out) for arm in arms}
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(config.jobs, mp_context=context) as pool:
+        runs = pool.map(train_arm_in_process, arms, *zip(*[(settings_file, meter_dir, out, config.threads)] * len(arms)))
+        return {arm.name: records for arm, records in zip(arms, runs)}
 
 
 # ---- stage 5: test-time guidance and a credit example ----------------------------------------------------------------
@@ -446,8 +467,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> D
             settings_file = out / "train.yaml"
             settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
                                                     sort_keys=False))  # fmt: skip
-            result.runs = {arm.name: train_arm(arm, settings_file, out / "meter", out, config.steps)
-                           for arm in map(Arm.parse, config.arms)}  # fmt: skip
+            result.runs = train_arms(config, settings_file, out / "meter", out)
         if guidance:
             with stage("5 guidance and credit example", timings):
                 result.guidance = guidance_rows(config, world, actor, meter)
