@@ -65,8 +65,8 @@ PHASES = ("rollout", "meter", "credit", "update")
 # ---- running -------------------------------------------------------------------------------------------------------
 def seed_config(args: argparse.Namespace, seed: int) -> DemoConfig:
     config = demo_config(quick=args.quick, seed=seed, threads=1, budget=False)
-    return config.replace(steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks,
-                          **{k: v for k, v in args.set})  # fmt: skip
+    given = {"steps": args.steps, "eval_every": args.eval_every, "eval_tasks": args.eval_tasks}
+    return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
 def prepare_seed(config: DemoConfig, folder: Path, learned: bool) -> None:
@@ -185,7 +185,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
              "-" if s.arm == "grpo" else s.final_minus_grpo.text(100),
              "-" if s.arm == "grpo" else s.auc_minus_grpo.text(100), s.reach.text(1, 2),
              f"{times[s.arm]['step']:.2f}"] for s in summaries]  # fmt: skip
-    tasks = args.eval_tasks
+    tasks = seed_config(args, args.seeds[0]).eval_tasks
     text = "\n\n".join([
         "# bench_train: credit methods on the household environment over paired seeds",
         f"`{command}` — seeds {list(args.seeds)}, {steps[-1]} steps per run, greedy evaluation on {tasks} held-out "
@@ -245,9 +245,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), help="arm specs (module doc); grpo first")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
-    parser.add_argument("--eval-every", type=int, default=5)
-    parser.add_argument("--eval-tasks", type=int, default=200, help="held-out tasks per evaluation (default 200)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the regime's, 80)")
+    parser.add_argument("--eval-every", type=int, help="steps between evaluations (default: the regime's, 10)")
+    parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default: the regime's, 200)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
