@@ -44,7 +44,9 @@ def pad_steps(rows: Sequence[Sequence[float]], dtype: torch.dtype = torch.float3
     return values, mask
 
 
-def meter_readings(entries: Sequence[Sequence[MeterOutput | None]], width: int) -> MeterReadings:
+def meter_readings(
+    entries: Sequence[Sequence[MeterOutput | None]], width: int, device: torch.device | str = "cpu"
+) -> MeterReadings:
     """Padded tensors from per-trajectory lists of meter outputs (``None`` = invalid reading)."""
     n = len(entries)
     valid = torch.zeros(n, width, dtype=torch.bool)
@@ -64,7 +66,7 @@ def meter_readings(entries: Sequence[Sequence[MeterOutput | None]], width: int) 
                 logit[i, t] = out.logit
             if out.score is not None:
                 score[i, t] = out.score
-    return MeterReadings(valid, can_complete, ttg, logit, score)
+    return MeterReadings(*(x.to(device) for x in (valid, can_complete, ttg, logit, score)))
 
 
 def step_batch(
@@ -137,17 +139,19 @@ def anchor_ids(anchors: Sequence[Sequence[Hashable]], width: int) -> Tensor:
     return out
 
 
+class StepLayoutError(ValueError):
+    """The steps located in a flat batch disagree with its response mask, skip a step index, or do not match the
+    readings they should line up with; the message names the trajectory."""
+
+
 @dataclass
 class FlatSteps:
-    """Where every step of every trajectory sits in a flat ``[rows, L]`` batch: one entry per run of 1s (= step)."""
+    """Where every step of every trajectory sits in a flat ``[rows, L]`` batch."""
 
     traj_of_row: Tensor  # [rows] dense trajectory ids
-    run_row: Tensor  # [runs] the row holding each run, runs in row-major order
-    run_traj: Tensor  # [runs] its trajectory
-    run_step: Tensor  # [runs] its step index t within the trajectory
+    token_step: Tensor  # [rows, L] the step index t (within its trajectory) of each response token; −1 outside steps
     step_tokens: Tensor  # [n, S] tokens per step
     step_mask: Tensor  # [n, S]
-    one_run_per_row: bool  # verl-agent's layout: every row holds at most one step
 
     @property
     def num_trajectories(self) -> int:
@@ -157,7 +161,9 @@ class FlatSteps:
 def locate_steps(response_mask: Tensor, traj_of_row: Tensor) -> FlatSteps:
     """Number the contiguous runs of 1s of each trajectory's rows as its steps 0..T−1, in row order.
 
-    Work is per run, not per token, apart from finding where runs start and end.
+    Work is per run, not per token, apart from finding where runs start and the final per-token step map. Two
+    actions with no masked token between them read as one step: where that can happen, give the steps explicitly
+    (:func:`steps_from_ids`).
     """
     mask = response_mask.bool()
     starts = mask.clone()
@@ -166,7 +172,6 @@ def locate_steps(response_mask: Tensor, traj_of_row: Tensor) -> FlatSteps:
     ends[:, :-1] &= ~mask[:, 1:]
     run_row, run_start = starts.nonzero(as_tuple=True)
     _, run_end = ends.nonzero(as_tuple=True)  # row-major: the k-th end closes the k-th start
-    run_length = run_end - run_start + 1
     run_traj = traj_of_row[run_row]
     n = int(traj_of_row.max().item()) + 1 if traj_of_row.numel() else 0
     # Rank of each run among its trajectory's runs: a stable sort by trajectory keeps the row-major order.
@@ -174,13 +179,59 @@ def locate_steps(response_mask: Tensor, traj_of_row: Tensor) -> FlatSteps:
     num_steps = torch.bincount(run_traj, minlength=n)
     first = torch.cumsum(num_steps, 0) - num_steps
     run_step = torch.empty_like(order)
-    run_step[order] = torch.arange(len(order)) - first[run_traj[order]]
+    run_step[order] = torch.arange(len(order), device=order.device) - first[run_traj[order]]
     width = int(num_steps.max().item()) if n else 0
-    step_tokens = torch.zeros(n, width, dtype=torch.long)
-    step_tokens[run_traj, run_step] = run_length
-    step_mask = torch.arange(width)[None, :] < num_steps[:, None]
-    one_run = bool((torch.bincount(run_row, minlength=mask.shape[0]) <= 1).all())
-    return FlatSteps(traj_of_row, run_row, run_traj, run_step, step_tokens, step_mask, one_run)
+    step_tokens = torch.zeros(n, width, dtype=torch.long, device=mask.device)
+    step_tokens[run_traj, run_step] = run_end - run_start + 1
+    step_mask = torch.arange(width, device=mask.device)[None, :] < num_steps[:, None]
+    token_run = torch.cumsum(starts.view(-1), 0).view_as(starts) - 1  # run index of each token (row-major)
+    token_step = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
+    token_step[mask] = run_step[token_run[mask]]
+    return FlatSteps(traj_of_row, token_step, step_tokens, step_mask)
+
+
+def steps_from_ids(
+    step_ids: Tensor, response_mask: Tensor, traj_of_row: Tensor, names: Sequence[Hashable] | None = None
+) -> FlatSteps:
+    """Steps given explicitly, whatever the row order: ``step_ids[r, k]`` is the step index t of response token k of
+    row r within its trajectory, −1 on tokens of no step (observations, padding).
+
+    ``StepLayoutError`` (naming the trajectory by ``names[id]``) where a step id sits on a masked-out token or a
+    trainable token has none, or where a trajectory's step indices are not exactly 0..T−1.
+    """
+    mask = response_mask.bool()
+    name = lambda i: names[i] if names is not None else i  # noqa: E731
+    disagree = (step_ids >= 0) != mask
+    if disagree.any():
+        row, col = (int(x) for x in disagree.nonzero()[0])
+        raise StepLayoutError(f"trajectory {name(int(traj_of_row[row]))}: response token {col} of row {row} has "
+                              f"step id {int(step_ids[row, col])} but response mask {int(mask[row, col])}")  # fmt: skip
+    n = int(traj_of_row.max().item()) + 1 if traj_of_row.numel() else 0
+    token_traj = traj_of_row[:, None].expand_as(step_ids)[mask]
+    token_steps = step_ids[mask].long()
+    width = int(token_steps.max().item()) + 1 if token_steps.numel() else 0
+    step_tokens = torch.zeros(n * width, dtype=torch.long, device=mask.device)
+    step_tokens.index_add_(0, token_traj * width + token_steps, torch.ones_like(token_steps))
+    step_tokens = step_tokens.view(n, width)
+    present = step_tokens > 0
+    step_mask = torch.arange(width, device=mask.device)[None, :] < present.sum(dim=1, keepdim=True)
+    gaps = (present != step_mask).any(dim=1)
+    if gaps.any():
+        i = int(gaps.nonzero()[0])
+        missing = int((present[i] != step_mask[i]).nonzero()[0])
+        raise StepLayoutError(f"trajectory {name(i)}: step {missing} has no tokens but later steps do "
+                              f"(step indices must be 0..T−1)")  # fmt: skip
+    return FlatSteps(traj_of_row, step_ids.long().where(mask, -1), step_tokens, step_mask)
+
+
+def check_step_counts(steps: FlatSteps, expected: Sequence[int], names: Sequence[Hashable] | None = None) -> None:
+    """``StepLayoutError`` naming the first trajectory whose located step count differs from ``expected`` (e.g. its
+    meter readings, its recorded actions)."""
+    located = steps.step_mask.sum(dim=1).tolist()
+    for i, (have, want) in enumerate(zip(located, expected)):
+        if have != want:
+            raise StepLayoutError(f"trajectory {names[i] if names is not None else i}: {have} steps located in the "
+                                  f"batch but {want} expected (readings or recorded actions)")  # fmt: skip
 
 
 def per_trajectory(values: Tensor, traj_of_row: Tensor, num_trajectories: int) -> Tensor:
@@ -189,17 +240,13 @@ def per_trajectory(values: Tensor, traj_of_row: Tensor, num_trajectories: int) -
     return out.scatter(0, traj_of_row, values)
 
 
-def token_advantages(step_advantages: Tensor, steps: FlatSteps, response_mask: Tensor) -> Tensor:
-    """Broadcast Ã_{i,t} to every token of step t in the flat layout; 0 where the response mask is 0."""
-    mask = response_mask.to(step_advantages.dtype)
-    run_values = step_advantages[steps.run_traj, steps.run_step]
-    if steps.one_run_per_row:
-        row_values = torch.zeros(mask.shape[0], dtype=step_advantages.dtype).index_put_((steps.run_row,), run_values)
-        return row_values[:, None] * mask
-    starts = response_mask.bool().clone()
-    starts[:, 1:] &= ~response_mask.bool()[:, :-1]
-    token_run = torch.cumsum(starts.view(-1), 0).view_as(starts) - 1  # run index of each token (row-major)
-    return run_values[token_run.clamp(min=0)] * mask
+def token_advantages(step_values: Tensor, steps: FlatSteps, response_mask: Tensor) -> Tensor:
+    """Broadcast a per-step value (Ã_{i,t}, a clip factor) to every token of step t in the flat layout; 0 where the
+    response mask is 0."""
+    if step_values.shape[1] == 0:
+        return torch.zeros(response_mask.shape, dtype=step_values.dtype, device=response_mask.device)
+    values = step_values[steps.traj_of_row[:, None], steps.token_step.clamp(min=0)]
+    return values * response_mask.to(step_values.dtype)
 
 
 def credit_flat(
@@ -210,20 +257,35 @@ def credit_flat(
     reward: Tensor,
     success: Tensor,
     config: CreditConfig,
-    meter: MeterReadings | None = None,
+    meter: MeterReadings | Sequence[Sequence[MeterOutput | None]] | None = None,
+    step_ids: Tensor | None = None,
 ) -> tuple[Tensor, Credit, FlatSteps]:
-    """Per-token advantages ``[rows, L]`` for a flat batch, by any registered estimator.
+    """Per-token advantages ``[rows, L]`` for a flat batch, by any registered estimator, on the batch's device.
 
     ``reward`` and ``success`` are per row (every row of a trajectory carries its trajectory's values, as in
-    verl-agent); ``meter`` is per step in the per-trajectory layout, trajectories in order of first appearance.
+    verl-agent). Steps are ``step_ids`` where given (:func:`steps_from_ids`; rows in any order), else the runs of 1s
+    of the response mask in row order (:func:`locate_steps`). ``meter`` is per step in the per-trajectory layout,
+    trajectories in order of first appearance: as lists of readings (their counts are checked against the located
+    steps, ``StepLayoutError`` naming the trajectory) or as prebuilt ``MeterReadings``.
     """
-    traj_of_row, _ = factorize(traj_ids)
+    device = response_mask.device
+    traj_of_row, names = factorize(traj_ids)
     group_of_row, _ = factorize(group_ids)
-    steps = locate_steps(response_mask, traj_of_row)
+    traj_of_row, group_of_row = traj_of_row.to(device), group_of_row.to(device)
+    if step_ids is None:
+        steps = locate_steps(response_mask, traj_of_row)
+    else:
+        steps = steps_from_ids(step_ids.to(device), response_mask, traj_of_row, names)
     n = steps.num_trajectories
+    if meter is not None and not isinstance(meter, MeterReadings):
+        check_step_counts(steps, [len(row) for row in meter], names)
+        meter = meter_readings(meter, steps.step_mask.shape[1], device)
+    elif meter is not None and (meter.valid.shape[0] != n or meter.valid.shape[1] < steps.step_mask.shape[1]):
+        raise StepLayoutError(f"meter readings of shape {tuple(meter.valid.shape)} for {n} trajectories with up to "
+                              f"{steps.step_mask.shape[1]} located steps")  # fmt: skip
     batch = StepBatch(
-        reward=per_trajectory(reward.float(), traj_of_row, n),
-        success=per_trajectory(success.bool(), traj_of_row, n),
+        reward=per_trajectory(reward.float().to(device), traj_of_row, n),
+        success=per_trajectory(success.bool().to(device), traj_of_row, n),
         group=per_trajectory(group_of_row, traj_of_row, n),
         step_tokens=steps.step_tokens,
         step_mask=steps.step_mask,
