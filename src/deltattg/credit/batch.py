@@ -168,3 +168,7 @@ class Credit:
     def weighted(cls, advantage: Tensor, step_weights: Tensor, fallback: Tensor) -> Credit:
         """Ã_{i,t} = A_i · w_{i,t} (Eq. 11)."""
         return cls(advantage, advantage[:, None] * step_weights, fallback, step_weights)
+
+    def fallback_counts(self) -> dict[str, int]:
+        """How many trajectories each Algorithm 1 rule applied to (``credit/redistributed``, ``credit/zero_mass``, ...)."""
+        return {f"credit/{f.name.lower()}": int((self.fallback == f).sum()) for f in Fallback}

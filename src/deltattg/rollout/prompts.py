@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,12 @@ def chat_prompt(messages: Sequence[dict], admissible: Sequence[str] | None, conf
     out = [dict(m) for m in messages]
     out[-1]["content"] = with_admissible(out[-1]["content"], admissible, config)
     return out
+
+
+def episode_prompt(episode: Any, config: PromptConfig) -> list[dict]:
+    """The chat messages an actor reads at a running episode's current state (``rollout.engine.Episode``), in the
+    configured layout."""
+    if config.layout == "chat":
+        return chat_prompt(episode.messages, episode.admissible, config)
+    return window_prompt(episode.env.system_prompt, episode.first_observation, episode.history, episode.observation,
+                         episode.admissible, config)  # fmt: skip

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from deltattg.credit import Credit, CreditConfig, Estimator, Fallback, get_estimator
+from deltattg.credit import Credit, CreditConfig, Estimator, get_estimator
 from deltattg.credit.grpo import outcome_advantage
 from deltattg.credit.layouts import meter_readings
 from deltattg.credit.records import trajectory_batch
@@ -153,11 +153,6 @@ def clip_scale_metrics(clip_scales: Tensor | None) -> dict[str, float]:
         return {}
     return {"clip/scale_min": clip_scales.min().item(), "clip/scale_max": clip_scales.max().item(),
             "clip/scale_mean": clip_scales.float().mean().item(), "clip/scaled_rows": int((clip_scales != 1).sum())}
-
-
-def fallback_counts(credit: Credit) -> dict[str, int]:
-    """How many trajectories each Algorithm 1 rule applied to (``credit/redistributed``, ``credit/zero_mass``, ...)."""
-    return {f"credit/{f.name.lower()}": int((credit.fallback == f).sum()) for f in Fallback}
 
 
 # ---- evaluation and accounting -------------------------------------------------------------------------------------------
@@ -388,7 +383,7 @@ def train(
             advantages = row_advantages(credit, rows)
             clip_scales = row_clip_scales(credit, rows)  # A²TGPO's per-step clip factors; None for the others
         record |= clip_scale_metrics(clip_scales) | verified_metrics(steps)
-        record |= fallback_counts(credit) | {
+        record |= credit.fallback_counts() | {
             "train/rows": len(rows),
             "train/response_tokens": sum(len(r.response) for r in rows),
             "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
