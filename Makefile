@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 
 VERL_VENV := .venv-verl
 
-.PHONY: install test test-fast demo bench bench-credit clean
+.PHONY: install test test-fast demo bench bench-credit verl-env clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# tests/verl_plugin needs verl, which lives in .venv-verl (`make verl-env`); it runs there when that venv exists.
 test: install
 	$(PY) -m pytest
+	if [ -f $(VERL_VENV)/.installed ]; then $(VERL_VENV)/bin/python -m pytest tests/verl_plugin; fi
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
@@ -26,15 +28,19 @@ test-fast: install
 demo: install
 	$(VENV)/bin/deltattg demo --out runs/demo
 
-# verl 0.9.1 pins transformers<5.11 (and imports ray), so the credit benchmark runs it in its own venv.
-$(VERL_VENV)/.installed: pyproject.toml
+# verl 0.9.1 pins transformers<5.11 (and imports ray), so the plugin's tests and the credit benchmark run it in its
+# own venv, with deltattg installed there too (its `verl.plugins` entry point registers the plugin).
+$(VERL_VENV)/.installed: pyproject.toml requirements/verl-runtime.txt
 	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0
 	$(VERL_VENV)/bin/pip install --quiet --no-deps verl==0.9.1
 	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 'ray>=2.41' 'transformers>=5.5.3,<5.11,!=5.6.0' \
 	    'tensordict>=0.8,<=0.10,!=0.9.0' omegaconf codetiming numpy tqdm pyyaml
+	$(VERL_VENV)/bin/pip install --quiet --no-deps -r requirements/verl-runtime.txt
 	$(VERL_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
+
+verl-env: $(VERL_VENV)/.installed
 
 bench-credit: $(VERL_VENV)/.installed
 	$(VERL_VENV)/bin/python bench/bench_credit.py

@@ -1,0 +1,331 @@
+"""deltattg inside the real verl 0.9.1 (CPU, no Ray): the entry point, the agent loop, the advantage step.
+
+Household episodes are played by ``EnvAgentLoop`` against a token-in/token-out server — a tiny random Llama, or a
+server replaying scripted noisy-expert actions where the test needs both outcomes in a group — and written to the
+(in-memory) TransferQueue by verl's own agent-loop postprocess; verl's ``_balance_batch`` pads and reorders the
+rows; the deltattg trainer's advantage step runs verl's own ``_compute_advantage``. The per-token advantages that
+come back must be those of the core estimator on the same trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_fn
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+from deltattg.credit import CreditConfig, get_estimator
+from deltattg.credit.grpo import outcome_advantage
+from deltattg.credit.layouts import StepLayoutError, meter_readings
+from deltattg.credit.records import trajectory_batch
+from deltattg.data.trajectory import parse_trajectory
+from deltattg.envs.household import HouseholdConfig, HouseholdEnv
+from deltattg.meter.endpoint import EndpointMeter
+from deltattg.meter.loading import read_states
+from deltattg.meter.oracle import OracleMeter
+from deltattg.rollout.engine import Action, run_episodes, start_episode
+from deltattg.rollout.policies import NoisyExpertPolicy
+from deltattg.rollout.prompts import PromptConfig, episode_prompt
+from deltattg.tiny import tiny_llama
+from deltattg.train.actor import tiny_tokenizer
+from deltattg.verl.agent_loop import TASK_FIELD, EnvAgentLoop
+from deltattg.verl.credit import STEP_FIELD, TRAJECTORY_FIELD, VerlSettings
+from deltattg.verl.trainer import DeltaTTGTrainer
+
+ENV = HouseholdConfig.short()
+MAX_TURNS = 6
+FAILURE_COST = 64.0
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer(HouseholdEnv(ENV), PromptConfig(), MAX_TURNS)
+
+
+def loop_config(prompt_length: int = 4096, response_length: int = 16):
+    return OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length,
+                                          "multi_turn": {"tool_config_path": None}}, "model": {"path": "dummy"}},
+        "data": {},
+    })  # fmt: skip
+
+
+def dataset_extra_info(task) -> dict:
+    env = HouseholdEnv(ENV)
+    return {TASK_FIELD: {"env": env.describe(), "task": {"id": task.id, "split": task.split, "data": task.data}}}
+
+
+def play(server, tokenizer, task, session: int, **options):
+    """One episode of ``EnvAgentLoop`` (built inside the event loop, as verl's worker builds it)."""
+
+    async def run():
+        config = loop_config()
+        loop = EnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
+                            processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
+                            max_turns=MAX_TURNS, **options)  # fmt: skip
+        return await loop.run({"temperature": 1.0}, extra_info=dataset_extra_info(task), session_id=session)
+
+    return asyncio.run(run())
+
+
+class TinyModelServer:
+    """Token-in/token-out generation by a tiny random Llama (what verl's vLLM / SGLang servers do)."""
+
+    def __init__(self, tokenizer, seed: int = 0):
+        self.model = tiny_llama(tokenizer, seed=seed).eval()
+        self.tokenizer = tokenizer
+        self.calls: list[list[int]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
+        self.calls.append(list(prompt_ids))
+        with torch.no_grad():
+            out = self.model.generate(torch.tensor([prompt_ids]), do_sample=True, max_new_tokens=sampling_params["max_tokens"],
+                                      pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                                      return_dict_in_generate=True)  # fmt: skip
+        ids = out.sequences[0, len(prompt_ids):]
+        logprobs = torch.log_softmax(torch.stack(out.logits, 1)[0].float(), -1).gather(-1, ids[:, None])[:, 0]
+        return TokenOutput(token_ids=ids.tolist(), log_probs=logprobs.tolist(),
+                           extra_fields={"min_global_steps": 0, "max_global_steps": 0})  # fmt: skip
+
+
+class ReplayServer:
+    """A server that answers with scripted actions, in order (their token ids under the actor's tokenizer)."""
+
+    def __init__(self, tokenizer, actions: list[str]):
+        self.tokenizer = tokenizer
+        self.actions = list(actions)
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
+        ids = self.tokenizer(self.actions.pop(0), add_special_tokens=False)["input_ids"]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), extra_fields={"min_global_steps": 0,
+                                                                                      "max_global_steps": 0})
+
+
+# ---- the plugin --------------------------------------------------------------------------------------------------------
+def test_the_entry_point_registers_estimators_trainer_and_agent_loop():
+    points = importlib.metadata.entry_points(group="verl.plugins")
+    assert any(p.value == "deltattg.verl.plugin" for p in points)
+    methods = {"deltattg": "deltattg", "deltattg_pos": "pos", "deltattg_value": "value", "grpo_step": "grpo",
+               "gigpo": "gigpo", "hgpo": "hgpo"}  # fmt: skip
+    for name, method in methods.items():
+        assert get_adv_estimator_fn(name).__name__ == f"deltattg_credit_{method}"
+    # IGPO, A²TGPO, DelTA and CrEST read the actor's own forward passes: not offered to verl.
+    assert not {"igpo", "a2tgpo", "delta", "crest"} & set(ADV_ESTIMATOR_REGISTRY)
+    assert get_trainer_cls("deltattg") is DeltaTTGTrainer
+    assert _agent_loop_registry["deltattg_env"]["_target_"] == "deltattg.verl.agent_loop.EnvAgentLoop"
+
+
+def test_an_estimator_outside_the_deltattg_trainer_says_which_trainer_to_use():
+    with pytest.raises(RuntimeError, match="trainer.v1.trainer_mode=deltattg"):
+        get_adv_estimator_fn("deltattg")(torch.zeros(2, 3), torch.ones(2, 3), index=np.array(["a", "a"], dtype=object))
+
+
+def test_settings_come_from_the_algorithm_section_and_unknown_keys_are_named():
+    settings = VerlSettings.from_section({"failure_cost": 512, "rho": 0.3, "meter": "http://x/v1", "meter_model": "m"})
+    assert settings.credit == CreditConfig(failure_cost=512, rho=0.3) and settings.meter_model == "m"
+    with pytest.raises(ValueError, match="algorithm.deltattg.failure_costs: unknown setting"):
+        VerlSettings.from_section({"failure_costs": 1})
+
+
+# ---- the agent loop ----------------------------------------------------------------------------------------------------
+def test_agent_loop_plays_household_with_a_tiny_model_server(tokenizer):
+    task = HouseholdEnv(ENV).tasks("train")[0]
+    server = TinyModelServer(tokenizer)
+    outputs = play(server, tokenizer, task, session=1, max_tokens=6)
+    record = outputs[-1].extra_fields[TRAJECTORY_FIELD]
+    trajectory = parse_trajectory(record)
+    assert len(outputs) == trajectory.num_steps == len(server.calls) >= 1
+    for t, output in enumerate(outputs):
+        assert output.extra_fields[STEP_FIELD] == t and output.response_mask == [1] * len(output.response_ids)
+        assert 1 <= len(output.response_ids) <= 6 and len(output.response_logprobs) == len(output.response_ids)
+        assert output.reward_score == trajectory.reward
+        assert output.prompt_ids == server.calls[t]
+    actions = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+    assert actions == [tokenizer.decode(o.response_ids, skip_special_tokens=True).strip() for o in outputs]
+    # The record is the episode: replaying its actions in a fresh environment gives its observations and reward.
+    replayed = run_episodes(lambda: HouseholdEnv(ENV), [task], _Replay(actions), max_turns=len(actions))[0]
+    assert replayed.messages == trajectory.messages and replayed.reward == trajectory.reward
+    # Step 0's prompt is what `deltattg train`'s actor reads at the initial state.
+    text = tokenizer.apply_chat_template(episode_prompt(start_episode(HouseholdEnv(ENV), task, 0), PromptConfig()),
+                                         tokenize=False, add_generation_prompt=True)  # fmt: skip
+    assert list(outputs[0].prompt_ids) == tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class _Replay:
+    name = "replay"
+
+    def __init__(self, actions):
+        self.actions = list(actions)
+
+    def act(self, episodes):
+        return [Action(self.actions.pop(0)) for _ in episodes]
+
+
+def test_agent_loop_names_a_dataset_row_without_a_task(tokenizer):
+    with pytest.raises(ValueError, match="extra_info.deltattg_task must be"):
+        asyncio.run(_run_without_task(tokenizer))
+
+
+async def _run_without_task(tokenizer):
+    config = loop_config()
+    loop = EnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=tokenizer,
+                        processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data))  # fmt: skip
+    return await loop.run({}, extra_info={"index": 3}, session_id=0)
+
+
+# ---- the advantage step ------------------------------------------------------------------------------------------------
+SESSIONS = 4  # rollout.n
+EPSILONS = (0.0, 1.0, 0.0, 1.0)  # per session: expert (wins) / random (loses within MAX_TURNS) — both outcomes per group
+
+
+def scripted_actions(task, epsilon: float, seed: int) -> list[str]:
+    trajectory = run_episodes(lambda: HouseholdEnv(ENV), [task], NoisyExpertPolicy(epsilon, seed), max_turns=MAX_TURNS)[0]
+    return [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+
+
+def postprocess(outputs, uid: str, session: int, extra_info: dict) -> None:
+    """verl's own AgentLoopWorkerTQ._agent_loop_postprocess: the outputs as TransferQueue rows."""
+    worker = object.__new__(AgentLoopWorkerTQ.__ray_metadata__.modified_class)
+    worker.reward_loop_worker_handles = worker.teacher_client = worker.distillation_enabled = worker.processor = None
+    asyncio.run(worker._agent_loop_postprocess(outputs, False, uid=uid, session_id=session, global_steps=1, index=0,
+                                               extra_info=extra_info))  # fmt: skip
+
+
+def collect_rows(tokenizer, tasks):
+    """Play every (task, session) with scripted actions; write the rows; return the per-episode outputs."""
+    episodes = {}
+    for g, task in enumerate(tasks):
+        for s, epsilon in enumerate(EPSILONS):
+            outputs = play(ReplayServer(tokenizer, scripted_actions(task, epsilon, seed=10 * g + s)), tokenizer, task, s)
+            postprocess(outputs, f"uid{g}", s, dataset_extra_info(task))
+            episodes[(f"uid{g}", s)] = outputs
+    return episodes
+
+
+def trainer_for(method: str, tokenizer, meter, dp_size: int = 2) -> DeltaTTGTrainer:
+    """The deltattg trainer with the state its advantage and balance steps use (verl's __init__ starts workers)."""
+    trainer = object.__new__(DeltaTTGTrainer)
+    trainer.config = OmegaConf.create({
+        "algorithm": {"adv_estimator": method, "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
+                      "norm_adv_by_std_in_grpo": True, "deltattg": {"failure_cost": FAILURE_COST}},
+        "actor_rollout_ref": {"rollout": {"n": SESSIONS}, "actor": {"ppo_mini_batch_size": 2}},
+        "trainer": {"critic_warmup": 0},
+    })  # fmt: skip
+    trainer.deltattg_method = "grpo" if method == "grpo_step" else method
+    trainer.deltattg = VerlSettings.from_section({"failure_cost": FAILURE_COST})
+    trainer.deltattg_meter = meter
+    trainer.use_critic, trainer.global_steps, trainer.tokenizer = False, 1, tokenizer
+    trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": list(range(dp_size))})
+    return trainer
+
+
+def core_credit(method: str, episodes, meter) -> dict[str, list[float]]:
+    """What the core estimator gives each step of the same episodes: key -> the step's per-token advantages."""
+    keys = sorted(episodes)
+    trajectories = [parse_trajectory(episodes[k][-1].extra_fields[TRAJECTORY_FIELD]) for k in keys]
+    step_tokens = [[len(o.response_ids) for o in episodes[k]] for k in keys]
+    estimator = get_estimator(method)
+    config = CreditConfig(failure_cost=FAILURE_COST)
+    batch = trajectory_batch(trajectories, step_tokens, estimator, [k[0] for k in keys], with_meter=False)
+    if estimator.needs_meter:
+        readings, _ = read_states(meter, trajectories, estimator.queried(outcome_advantage(batch, config)).tolist())
+        batch.meter = meter_readings(readings, batch.step_mask.shape[1])
+    credit = estimator(batch, config)
+    return {f"{uid}_{s}_{t}": [float(credit.step_advantages[i, t])] * n
+            for i, (uid, s) in enumerate(keys) for t, n in enumerate(step_tokens[i])}  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["deltattg", "grpo_step", "gigpo"])
+def test_balanced_rows_get_the_core_credit(method, tokenizer, memory_tq):
+    tasks = HouseholdEnv(ENV).tasks("train")[:2]
+    episodes = collect_rows(tokenizer, tasks)
+    assert {o[-1].reward_score for o in episodes.values()} == {0.0, 1.0}  # both outcomes: the credit is not all 0
+    meter = OracleMeter(tokenizer)
+    trainer = trainer_for(method, tokenizer, meter)
+    batch = trainer._balance_batch(memory_tq.meta(), metrics={})
+    real = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding")]
+    assert len(batch.keys) > len(real)  # verl added padding rows ...
+    assert real != sorted(real, key=lambda k: (k.rsplit("_", 2)[0], int(k.rsplit("_", 2)[1]), int(k.rsplit("_", 2)[2])))
+    metrics: dict = {}
+    trainer._compute_advantage(batch, metrics)
+    want = core_credit(trainer.deltattg_method, episodes, meter)
+    assert sorted(real) == sorted(want)
+    for key, tag in zip(batch.keys, batch.tags):
+        got = memory_tq.rows[("train", key)]["advantages"].tolist()
+        if tag.get("is_padding"):
+            assert not any(got)  # ... which get no credit
+        else:
+            assert got == pytest.approx(want[key], abs=1e-6)
+    assert metrics["deltattg/episodes"] == len(episodes)
+    if method == "deltattg":
+        assert metrics["deltattg/credit/redistributed"] > 0 and metrics["deltattg/meter_errors"] == 0
+
+
+def test_rows_that_do_not_line_up_with_the_record_are_an_error_naming_the_episode(tokenizer, memory_tq):
+    episodes = collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
+    trainer = trainer_for("deltattg", tokenizer, OracleMeter(tokenizer))
+    batch = memory_tq.meta()
+    long_episode = max(episodes, key=lambda k: len(episodes[k]))
+    dropped = f"{long_episode[0]}_{long_episode[1]}_0"  # a lost step row: the record has one action more
+    keep = [i for i, k in enumerate(batch.keys) if k != dropped]
+    batch = batch.select_samples(keep) if hasattr(batch, "select_samples") else type(batch)(
+        keys=[batch.keys[i] for i in keep], tags=[batch.tags[i] for i in keep], partition_id=batch.partition_id)
+    with pytest.raises(StepLayoutError, match=f"episode {long_episode[0]}_{long_episode[1]}"):
+        trainer._compute_advantage(batch, {})
+    # A row whose deltattg_step disagrees with its key (another agent loop's rows, a shifted index).
+    key = f"{long_episode[0]}_{long_episode[1]}_1"
+    memory_tq.rows[("train", key)]["extra_fields"][STEP_FIELD] = 0
+    with pytest.raises(StepLayoutError, match="has deltattg_step=0 but its key says step 1"):
+        trainer._compute_advantage(memory_tq.meta(), {})
+
+
+class _FailingMeterHandler(BaseHTTPRequestHandler):
+    """A meter endpoint that answers every request with a server error."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(500)
+        self.end_headers()
+        self.wfile.write(b"meter down")
+
+    def log_message(self, *args):
+        pass
+
+
+class _RaisingMeter:
+    meter_id = "raising"
+
+    def score(self, histories):
+        raise ConnectionError("meter process died")
+
+
+@pytest.mark.parametrize("fault", ["http 500", "raises"])
+def test_a_failing_meter_makes_the_groups_keep_their_grpo_advantages(fault, tokenizer, memory_tq):
+    episodes = collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FailingMeterHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        meter = (EndpointMeter(f"http://127.0.0.1:{server.server_address[1]}/v1", "meter", timeout_s=5.0)
+                 if fault == "http 500" else _RaisingMeter())  # fmt: skip
+        trainer = trainer_for("deltattg", tokenizer, meter)
+        metrics: dict = {}
+        trainer._compute_advantage(memory_tq.meta(), metrics)
+    finally:
+        server.shutdown()
+    grpo = core_credit("grpo", episodes, None)
+    for key, want in grpo.items():
+        assert memory_tq.rows[("train", key)]["advantages"].tolist() == pytest.approx(want, abs=1e-6)
+    assert metrics["deltattg/credit/invalid_group"] == len(episodes)  # every trajectory has A ≠ 0 here
+    assert metrics["deltattg/meter_errors"] == (1.0 if fault == "raises" else 0.0)
