@@ -158,3 +158,20 @@ def test_a_closed_pipe_ends_quietly_with_141():
     process.stdout.close()
     err = process.stderr.read()
     assert process.wait(timeout=120) == 141 and "Traceback" not in err
+
+
+def test_verl_tasks_writes_one_row_per_task_and_nothing_on_a_bad_split(tmp_path, capsys):
+    import pandas as pd
+
+    out = tmp_path / "tasks.parquet"
+    assert main(["verl-tasks", "--env", "household", "--short", "--limit", "4", "--out", str(out)]) == 0
+    rows = pd.read_parquet(out)
+    assert len(rows) == 4 and set(rows["agent_name"]) == {"deltattg_env"}
+    specs = [json.loads(info["deltattg_task"]) for info in rows["extra_info"]]
+    assert [s["task"]["split"] for s in specs] == ["train"] * 4 and len({s["task"]["id"] for s in specs}) == 4
+    assert all(s["env"]["name"] == "household" for s in specs)
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verl-tasks", "--env", "household", "--split", "nope", "--out", str(bad)])
+    assert exit_info.value.code == 2 and "unknown split 'nope'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [out]

@@ -328,6 +328,25 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verl_tasks(args: argparse.Namespace) -> int:
+    """verl's training data for the deltattg_env agent loop: one parquet row per task."""
+    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.verl.tasks import task_rows, write_parquet
+
+    _check_out(args.out)
+    split = args.split or DEFAULT_SPLIT[args.env]
+    try:
+        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
+        rows = task_rows(make_env, split, args.limit)
+    except (ValueError, ImportError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    if not rows:
+        raise UsageError(f"--split {split}: the {args.env} environment has no tasks in it")
+    write_parquet(rows, args.out)
+    print(f"wrote {len(rows)} {args.env} tasks of split {split} to {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_guide(args: argparse.Namespace) -> int:
     """Test-time action selection (E.5): natural rollout vs random-of-K vs meter-of-K on the same tasks (Table 9)."""
     import json
@@ -670,6 +689,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
     add_demo_parser(sub)
+
+    verl_tasks = sub.add_parser(
+        "verl-tasks",
+        help="verl training data for the deltattg_env agent loop: one parquet row per environment task",
+        description="Write --split's tasks as the parquet file verl's data.train_files / data.val_files read with "
+        "the deltattg_env agent loop (agent_name column; the task in extra_info.deltattg_task). See docs/verl.md.",
+    )
+    verl_tasks.add_argument("--env", required=True, choices=["household", "alfworld", "bfcl"])
+    verl_tasks.add_argument("--split", help="task split (default train; bfcl: base)")
+    verl_tasks.add_argument("--short", action="store_true", help="household: short tasks")
+    verl_tasks.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
+    verl_tasks.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks of the split")
+    verl_tasks.add_argument("--out", required=True, help="parquet file to write")
+    verl_tasks.set_defaults(func=cmd_verl_tasks)
 
     methods = sub.add_parser("methods", help="list the credit estimators, what each reads and its options")
     methods.set_defaults(func=cmd_methods)

@@ -10,7 +10,9 @@ come back must be those of the core estimator on the same trajectories.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -40,8 +42,9 @@ from deltattg.rollout.policies import NoisyExpertPolicy
 from deltattg.rollout.prompts import PromptConfig, episode_prompt
 from deltattg.tiny import tiny_llama
 from deltattg.train.actor import tiny_tokenizer
-from deltattg.verl.agent_loop import TASK_FIELD, EnvAgentLoop
+from deltattg.verl.agent_loop import EnvAgentLoop
 from deltattg.verl.credit import STEP_FIELD, TRAJECTORY_FIELD, VerlSettings
+from deltattg.verl.tasks import TASK_FIELD, task_rows
 from deltattg.verl.trainer import DeltaTTGTrainer
 
 ENV = HouseholdConfig.short()
@@ -62,12 +65,18 @@ def loop_config(prompt_length: int = 4096, response_length: int = 16):
     })  # fmt: skip
 
 
+@functools.lru_cache
+def dataset_rows(split: str) -> dict[str, dict]:
+    """Task id -> its row's extra_info in the dataset `deltattg verl-tasks` writes."""
+    rows = task_rows(lambda: HouseholdEnv(ENV), split)
+    return {json.loads(row["extra_info"][TASK_FIELD])["task"]["id"]: row["extra_info"] for row in rows}
+
+
 def dataset_extra_info(task) -> dict:
-    env = HouseholdEnv(ENV)
-    return {TASK_FIELD: {"env": env.describe(), "task": {"id": task.id, "split": task.split, "data": task.data}}}
+    return dataset_rows(task.split)[task.id]
 
 
-def play(server, tokenizer, task, session: int, **options):
+def play(server, tokenizer, task, session: int, extra_info: dict | None = None, **options):
     """One episode of ``EnvAgentLoop`` (built inside the event loop, as verl's worker builds it)."""
 
     async def run():
@@ -75,7 +84,8 @@ def play(server, tokenizer, task, session: int, **options):
         loop = EnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
                             max_turns=MAX_TURNS, **options)  # fmt: skip
-        return await loop.run({"temperature": 1.0}, extra_info=dataset_extra_info(task), session_id=session)
+        row = extra_info if extra_info is not None else dataset_extra_info(task)
+        return await loop.run({"temperature": 1.0}, extra_info=row, session_id=session)
 
     return asyncio.run(run())
 
@@ -329,3 +339,21 @@ def test_a_failing_meter_makes_the_groups_keep_their_grpo_advantages(fault, toke
         assert memory_tq.rows[("train", key)]["advantages"].tolist() == pytest.approx(want, abs=1e-6)
     assert metrics["deltattg/credit/invalid_group"] == len(episodes)  # every trajectory has A ≠ 0 here
     assert metrics["deltattg/meter_errors"] == (1.0 if fault == "raises" else 0.0)
+
+
+def test_the_verl_tasks_parquet_reaches_the_agent_loop_through_verls_dataset(tokenizer, tmp_path):
+    from deltattg.cli import main
+
+    out = tmp_path / "household.parquet"
+    assert main(["verl-tasks", "--env", "household", "--short", "--split", "valid_seen", "--limit", "3",
+                 "--out", str(out)]) == 0  # fmt: skip
+    dataset = RLHFDataset(str(out), tokenizer, OmegaConf.create({"cache_dir": str(tmp_path / "cache"),
+                                                                 "max_prompt_length": 4096}))  # fmt: skip
+    assert len(dataset) == 3
+    row = dataset[1]
+    assert row["agent_name"] == "deltattg_env"
+    task = HouseholdEnv(ENV).tasks("valid_seen")[1]
+    outputs = play(ReplayServer(tokenizer, scripted_actions(task, 0.0, seed=0)), tokenizer, task, 0,
+                   extra_info=row["extra_info"])  # fmt: skip
+    record = parse_trajectory(outputs[-1].extra_fields[TRAJECTORY_FIELD])
+    assert record.group == task.id and record.success and record.extra["task"]["split"] == "valid_seen"

@@ -7,8 +7,8 @@ trajectory record (messages, per-step observations, rewards and verified outcome
 what the meter reads and what the credit step (:mod:`deltattg.verl.credit`) lines the rows up with. The reward is the
 environment's outcome, set here, so verl's reward loop does not score these rows.
 
-Dataset rows (``deltattg verl-tasks``) name the task in ``extra_info.deltattg_task``: the environment's description
-(``describe()``) and the task's id, split and data. Selected per row by ``agent_name: deltattg_env`` or for the
+Dataset rows (``deltattg verl-tasks``, :mod:`deltattg.verl.tasks`) name the task in ``extra_info.deltattg_task``:
+the environment's description (``describe()``) and the task's id, split and data. Selected per row by ``agent_name: deltattg_env`` or for the
 whole run by ``actor_rollout_ref.rollout.agent.default_agent_loop=deltattg_env``; options (``history_window``,
 ``layout``, ``list_admissible``, ``max_turns``, ``max_tokens``) come from the agent-loop YAML entry.
 """
@@ -25,23 +25,7 @@ from deltattg.envs.registry import rebuild
 from deltattg.rollout.engine import Action, advance, start_episode, to_trajectory
 from deltattg.rollout.prompts import PromptConfig, episode_prompt
 from deltattg.verl.credit import STEP_FIELD, TRAJECTORY_FIELD
-
-AGENT_NAME = "deltattg_env"
-TASK_FIELD = "deltattg_task"  # key of the task inside a dataset row's extra_info
-
-
-def task_of(extra_info: Any) -> tuple[dict, Task]:
-    """The environment description and the task a dataset row's ``extra_info`` names (``ValueError`` naming what is
-    missing)."""
-    spec = (extra_info or {}).get(TASK_FIELD) if isinstance(extra_info, dict) else None
-    if not isinstance(spec, dict) or not isinstance(spec.get("env"), dict) or not isinstance(spec.get("task"), dict):
-        raise ValueError(f"dataset row: extra_info.{TASK_FIELD} must be {{'env': {{...}}, 'task': {{...}}}} "
-                         "(write the dataset with `deltattg verl-tasks`)")  # fmt: skip
-    task = spec["task"]
-    if "id" not in task:
-        raise ValueError(f"dataset row: extra_info.{TASK_FIELD}.task has no id")
-    return spec["env"], Task(str(task["id"]), str(task.get("split", "train")), dict(task.get("data") or {}))
-
+from deltattg.verl.tasks import AGENT_NAME, task_of
 
 @register(AGENT_NAME)
 class EnvAgentLoop(AgentLoopBase):
@@ -55,8 +39,9 @@ class EnvAgentLoop(AgentLoopBase):
         self.max_tokens = min(int(self.rollout_config.response_length), max_tokens or 1 << 30)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
-        description, task = task_of(kwargs.get("extra_info"))
-        env = rebuild(description)()
+        spec = task_of(kwargs.get("extra_info"))
+        task = Task(str(spec["task"]["id"]), str(spec["task"].get("split", "train")), dict(spec["task"].get("data") or {}))
+        env = rebuild(spec["env"])()
         episode = start_episode(env, task, int(kwargs.get("session_id", 0)))
         turns = min(self.max_turns or env.max_steps, env.max_steps)
         params = {**sampling_params, "max_tokens": self.max_tokens}
