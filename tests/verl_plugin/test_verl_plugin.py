@@ -357,3 +357,34 @@ def test_the_verl_tasks_parquet_reaches_the_agent_loop_through_verls_dataset(tok
                    extra_info=row["extra_info"])  # fmt: skip
     record = parse_trajectory(outputs[-1].extra_fields[TRAJECTORY_FIELD])
     assert record.group == task.id and record.success and record.extra["task"]["split"] == "valid_seen"
+
+
+@pytest.mark.parametrize("method, setting", [("deltattg", "alfworld"), ("gigpo", "papersearch"), ("grpo_step", "alfworld")])
+def test_the_launch_recipe_composes_with_verls_config(method, setting, tmp_path):
+    """recipes/verl/train.sh's overrides are keys of verl's own config, and the deltattg section parses."""
+    import os
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    import verl
+
+    from deltattg.verl.estimators import method_of
+    from deltattg.verl.trainer import settings_of
+
+    script = Path(__file__).resolve().parents[2] / "recipes" / "verl" / "train.sh"
+    env = {**os.environ, "DRY_RUN": "1", "METHOD": method, "SETTING": setting, "OUT": str(tmp_path)}
+    printed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    command = shlex.split(printed.strip().splitlines()[-1])
+    overrides = command[command.index("verl.trainer.main_ppo") + 1:]
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    assert config.trainer.v1.trainer_mode == "deltattg" and get_trainer_cls("deltattg") is DeltaTTGTrainer
+    assert method_of(config.algorithm.adv_estimator) is not None
+    settings = settings_of(config.algorithm)
+    if method == "deltattg":
+        assert settings.credit.failure_cost == {"alfworld": 16384, "papersearch": 6144}[setting]
+        assert settings.meter.endswith(":8100/v1") and config.trainer.n_gpus_per_node == 7
+    else:
+        assert settings.meter is None and config.trainer.n_gpus_per_node == 8
