@@ -5,12 +5,25 @@ Each run plays ``--episodes`` episodes (one batched generate call per turn over 
 ``--turns`` turns, sampling at temperature 1. Reported: generated tokens, wall seconds, tokens/s, turns/s, and the
 share of wall time spent inside the environments.
 
+``--memory`` instead compares peak memory of the two ways of recording sampled tokens' log-probs (issue 12, item 7),
+each in a fresh process: SmolLM2 plays one turn of ``--memory-rows`` household episodes (half as many tasks, each
+twice: a shared prefill), forced to ``--memory-tokens`` new tokens (no end-of-sequence id can match). Peers:
+``output-logits`` keeps generate's fp32 logits of every step and takes the log-softmax at the end (the code before
+the item); ``on-the-fly`` is ``LMPolicy`` (``SampledLogprobs``: one step's distribution at a time). Reported: the
+peak resident memory while generating (Linux VmHWM, reset after loading) above the loaded process, the bytes of the
+stored logits (rows x tokens x vocabulary x 4), and that times the measured overhead ratio extrapolated to Table 4's
+batch (64 x 1024 tokens) for Qwen3's 151,936-token vocabulary; both peers' tokens and log-probs must agree.
+
     .venv/bin/python bench/bench_rollout.py [--episodes 32] [--turns 5] [--threads 0] [--skip-smollm2]
+    .venv/bin/python bench/bench_rollout.py --memory [--memory-rows 4] [--memory-tokens 1024] [--threads 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -64,6 +77,84 @@ def smollm2_policy(max_new_tokens: int) -> LMPolicy:
                     SamplingConfig(max_new_tokens=max_new_tokens), name="SmolLM2-135M")
 
 
+class OutputLogitsPolicy(LMPolicy):
+    """The reference peer: log-probs from generate's stored logits of every step, as ``LMPolicy`` took them before
+    issue 12 item 7 (``[rows, tokens, vocabulary]`` fp32 kept until the end)."""
+
+    def sample(self, input_ids, attention, cache, pad):
+        s = self.sampling
+        greedy = s.temperature <= 0
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=attention, **cache, do_sample=not greedy,
+            temperature=None if greedy else s.temperature, top_p=None if greedy else s.top_p, top_k=None,
+            max_new_tokens=s.max_new_tokens, pad_token_id=pad, eos_token_id=self.eos_ids,
+            return_dict_in_generate=True, output_logits=True,
+        )  # fmt: skip
+        generated = out.sequences[:, input_ids.shape[1] :]
+        logits = torch.stack(out.logits, dim=1).float() / (1.0 if greedy else s.temperature)
+        return generated, torch.log_softmax(logits, dim=-1).gather(-1, generated[..., None])[..., 0]
+
+
+MEMORY_PEERS = {"output-logits": OutputLogitsPolicy, "on-the-fly": LMPolicy}
+QWEN3_VOCAB, TABLE4_ROWS, TABLE4_TOKENS = 151_936, 64, 1024
+
+
+def proc_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def memory_peer(peer: str, rows: int, tokens: int) -> dict:
+    """One peer's generate peak in this (fresh) process: loaded-process RSS, peak RSS while generating, outputs."""
+    from deltattg.hf import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm("smollm2").eval()
+    policy = MEMORY_PEERS[peer](model, load_tokenizer("smollm2"), SamplingConfig(max_new_tokens=tokens), name=peer)
+    policy.eos_ids = [model.config.vocab_size]  # no sampled id matches: every row runs to ``tokens``
+    tasks = HouseholdEnv(CONFIG).tasks("train")[: rows // 2]
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak-RSS mark (VmHWM) past loading
+    loaded = proc_status_kib("VmRSS")
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    trajectories = run_episodes(lambda: HouseholdEnv(CONFIG), tasks, policy, group_size=2, max_turns=1)
+    seconds = time.perf_counter() - start
+    steps = [t.steps[0] for t in trajectories]
+    return {"loaded_kib": loaded, "peak_kib": proc_status_kib("VmHWM"), "seconds": seconds,
+            "vocab": model.config.vocab_size, "token_ids": [s.token_ids for s in steps],
+            "logprobs": [s.logprobs for s in steps]}  # fmt: skip
+
+
+def compare_memory(rows: int, tokens: int, threads: int) -> None:
+    """Run each peer in a fresh process and print their peaks side by side, the ratio and the extrapolation."""
+    results = {}
+    for peer in MEMORY_PEERS:
+        command = [sys.executable, __file__, "--memory-peer", peer, "--memory-rows", str(rows),
+                   "--memory-tokens", str(tokens), "--threads", str(threads)]  # fmt: skip
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        results[peer] = json.loads(output.strip().splitlines()[-1])
+    old, new = results["output-logits"], results["on-the-fly"]
+    assert old["token_ids"] == new["token_ids"] and all(len(t) == tokens for t in new["token_ids"])
+    worst = max(abs(a - b) for x, y in zip(old["logprobs"], new["logprobs"]) for a, b in zip(x, y))
+    mib = 1 / 1024
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; SmolLM2-135M, {rows} rows x {tokens} new "
+          f"tokens, one turn (shared prefill); tokens identical, max |logprob difference| {worst:.2e}")
+    print(f"{'peer':>14}  {'loaded MiB':>10}  {'peak MiB':>9}  {'generate MiB':>12}  {'wall s':>7}")
+    for peer, r in results.items():
+        print(f"{peer:>14}  {r['loaded_kib'] * mib:>10.0f}  {r['peak_kib'] * mib:>9.0f}  "
+              f"{(r['peak_kib'] - r['loaded_kib']) * mib:>12.0f}  {r['seconds']:>7.1f}")
+    extra = {peer: (r["peak_kib"] - r["loaded_kib"]) * 1024 for peer, r in results.items()}
+    logits = rows * tokens * new["vocab"] * 4
+    overhead = (extra["output-logits"] - extra["on-the-fly"]) / logits
+    table4 = TABLE4_ROWS * TABLE4_TOKENS * QWEN3_VOCAB * 4
+    print(f"generate peak ratio output-logits / on-the-fly: {extra['output-logits'] / extra['on-the-fly']:.1f}x; "
+          f"stored logits {rows} x {tokens} x {new['vocab']} x 4 B = {logits / 2**30:.2f} GiB; peak saved "
+          f"{overhead:.2f}x that")
+    print(f"Table 4 batch, Qwen3 vocabulary: stored logits {TABLE4_ROWS} x {TABLE4_TOKENS} x {QWEN3_VOCAB} x 4 B = "
+          f"{table4 / 2**30:.1f} GiB, peak saved ~{overhead * table4 / 2**30:.0f} GiB; on the fly one step's "
+          f"log-softmax is {TABLE4_ROWS} x {QWEN3_VOCAB} x 4 B = {TABLE4_ROWS * QWEN3_VOCAB * 4 / 2**20:.0f} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=32)
@@ -71,9 +162,19 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="compare log-prob recording peak memory instead")
+    parser.add_argument("--memory-rows", type=int, default=4, help="rows per generate call (even)")
+    parser.add_argument("--memory-tokens", type=int, default=1024, help="new tokens per row")
+    parser.add_argument("--memory-peer", choices=MEMORY_PEERS, help=argparse.SUPPRESS)  # one peer's fresh process
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.memory_peer:
+        print(json.dumps(memory_peer(args.memory_peer, args.memory_rows, args.memory_tokens)))
+        return
+    if args.memory:
+        compare_memory(args.memory_rows, args.memory_tokens, args.threads)
+        return
     builders = [tiny_policy] + ([] if args.skip_smollm2 else [smollm2_policy])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.episodes} episodes x <= {args.turns} "
           f"turns, <= {args.max_new_tokens} new tokens per action, household short config")

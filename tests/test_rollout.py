@@ -49,6 +49,25 @@ def test_lm_rollouts_record_what_the_loss_needs(lm_policy):
             assert fresh.tolist() == pytest.approx(step.logprobs, abs=1e-4)
 
 
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (0.7, 0.8), (1.3, 1.0)])
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_logprobs_taken_while_sampling_equal_a_teacher_forced_pass(lm_policy, temperature, top_p, share_prompts):
+    """Whatever is sampled: log softmax(logits / T) of a fresh forward pass at each token (T = 1 greedy), not the
+    top-p-truncated distribution — over left padding, repeated prompts and rows that end early."""
+    sampling = SamplingConfig(temperature, top_p, max_new_tokens=10, share_prompts=share_prompts)
+    policy = LMPolicy(lm_policy.model, lm_policy.tokenizer, sampling)
+    policy.eos_ids = list(range(len(policy.tokenizer)))[-12:]  # common enough that rows stop at different lengths
+    prompts = [[7, 8, 9, 10, 11], [12, 13], [7, 8, 9, 10, 11], [14, 15, 16], [12, 13]]
+    for seed in range(3):
+        torch.manual_seed(seed)
+        for action, prompt in zip(policy.generate(prompts), prompts):
+            ids = torch.tensor([prompt + action.token_ids])
+            with torch.no_grad():
+                logits = policy.model(ids).logits[0, len(prompt) - 1 : -1] / (temperature or 1.0)
+            fresh = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+            assert fresh.tolist() == pytest.approx(action.logprobs, abs=1e-5)
+
+
 def test_greedy_lm_rollouts_are_deterministic(lm_policy):
     greedy = LMPolicy(lm_policy.model, lm_policy.tokenizer, SamplingConfig(temperature=0.0, max_new_tokens=6))
     tasks = make_env().tasks("valid_seen")[:2]

@@ -13,13 +13,19 @@ import asyncio
 import functools
 import importlib.metadata
 import json
+import os
+import shlex
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+import verl
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_fn
@@ -28,6 +34,7 @@ from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 
+from deltattg.cli import main
 from deltattg.credit import CreditConfig, get_estimator
 from deltattg.credit.grpo import outcome_advantage
 from deltattg.credit.layouts import StepLayoutError, meter_readings
@@ -45,7 +52,8 @@ from deltattg.train.actor import tiny_tokenizer
 from deltattg.verl.agent_loop import EnvAgentLoop
 from deltattg.verl.credit import STEP_FIELD, TRAJECTORY_FIELD, VerlSettings
 from deltattg.verl.tasks import TASK_FIELD, task_rows
-from deltattg.verl.trainer import DeltaTTGTrainer
+from deltattg.verl.estimators import method_of
+from deltattg.verl.trainer import DeltaTTGTrainer, settings_of
 
 ENV = HouseholdConfig.short()
 MAX_TURNS = 6
@@ -342,8 +350,6 @@ def test_a_failing_meter_makes_the_groups_keep_their_grpo_advantages(fault, toke
 
 
 def test_the_verl_tasks_parquet_reaches_the_agent_loop_through_verls_dataset(tokenizer, tmp_path):
-    from deltattg.cli import main
-
     out = tmp_path / "household.parquet"
     assert main(["verl-tasks", "--env", "household", "--short", "--split", "valid_seen", "--limit", "3",
                  "--out", str(out)]) == 0  # fmt: skip
@@ -362,17 +368,6 @@ def test_the_verl_tasks_parquet_reaches_the_agent_loop_through_verls_dataset(tok
 @pytest.mark.parametrize("method, setting", [("deltattg", "alfworld"), ("gigpo", "papersearch"), ("grpo_step", "alfworld")])
 def test_the_launch_recipe_composes_with_verls_config(method, setting, tmp_path):
     """recipes/verl/train.sh's overrides are keys of verl's own config, and the deltattg section parses."""
-    import os
-    import shlex
-    import subprocess
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-    import verl
-
-    from deltattg.verl.estimators import method_of
-    from deltattg.verl.trainer import settings_of
-
     script = Path(__file__).resolve().parents[2] / "recipes" / "verl" / "train.sh"
     env = {**os.environ, "DRY_RUN": "1", "METHOD": method, "SETTING": setting, "OUT": str(tmp_path)}
     printed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout

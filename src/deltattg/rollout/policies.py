@@ -12,7 +12,7 @@ import torch
 from deltattg.envs.base import HasExpert
 from deltattg.hf import cache_argument
 from deltattg.rollout.engine import Action, Episode
-from deltattg.rollout.prompts import PromptConfig, chat_prompt, window_prompt
+from deltattg.rollout.prompts import PromptConfig, episode_prompt
 
 
 class RandomPolicy:
@@ -72,16 +72,7 @@ class ChatPolicy:
         self.name = name
 
     def prompt_messages(self, episode: Episode) -> list[dict]:
-        if self.prompt.layout == "chat":
-            return chat_prompt(episode.messages, episode.admissible, self.prompt)
-        return window_prompt(
-            episode.env.system_prompt,
-            episode.first_observation,
-            episode.history,
-            episode.observation,
-            episode.admissible,
-            self.prompt,
-        )
+        return episode_prompt(episode, self.prompt)
 
     def encode(self, messages: list[dict]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -130,8 +121,25 @@ class LMPolicy(ChatPolicy):
         device = next(self.model.parameters()).device
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        greedy = s.temperature <= 0
         cache = shared_prefill(self.model, prompts, input_ids, attention) if s.share_prompts else {}
+        generated, logprobs = self.sample(input_ids, attention, cache, pad)
+        actions = []
+        for row, prompt in enumerate(prompts):
+            ids = generated[row].tolist()
+            length = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
+            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
+            actions.append(Action(text, ids[:length], logprobs[row, :length].tolist(), list(prompt)))
+        return actions
+
+    def sample(
+        self, input_ids: torch.Tensor, attention: torch.Tensor, cache: dict[str, Any], pad: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``generate`` over a left-padded batch: the new token ids and their log-probs, both ``[rows, new tokens]``
+        (rows that ended early continue with ``pad``). The log-probs are taken step by step
+        (:class:`SampledLogprobs`), so no more than one step's ``[rows, vocabulary]`` distribution is kept."""
+        s = self.sampling
+        greedy = s.temperature <= 0
+        recorder = SampledLogprobs(1.0 if greedy else s.temperature)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -143,19 +151,38 @@ class LMPolicy(ChatPolicy):
             max_new_tokens=s.max_new_tokens,
             pad_token_id=pad,
             eos_token_id=self.eos_ids,
-            return_dict_in_generate=True,
-            output_logits=True,
+            logits_processor=[recorder],
         )
-        generated = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / (1.0 if greedy else s.temperature)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, generated[..., None])[..., 0]
-        actions = []
-        for row, prompt in enumerate(prompts):
-            ids = generated[row].tolist()
-            length = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
-            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
-            actions.append(Action(text, ids[:length], logprobs[row, :length].tolist(), list(prompt)))
-        return actions
+        generated = out[:, input_ids.shape[1] :]
+        return generated, recorder.logprobs(generated)
+
+
+class SampledLogprobs:
+    """A ``transformers`` logits processor (duck-typed: transformers is imported lazily) that records the log-prob of
+    each sampled token, log softmax(scores / T), keeping one step's ``[rows, vocabulary]`` distribution at a time.
+
+    ``generate`` calls it once per new token with the ids so far and that step's fp32 logits: after its own
+    non-warper processors (a repetition penalty, a minimum length, ... — ``LMPolicy`` asks for none), before the
+    temperature and top-p warpers. Each call reads the token the previous step sampled (``input_ids[:, -1]``) from
+    that step's log-softmax and keeps the new step's; :meth:`logprobs` reads the last token after ``generate``.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.taken: list[torch.Tensor] = []  # [rows] log-probs of the tokens sampled before the current step
+        self.current = torch.empty(0)  # [rows, vocabulary] log-softmax of the current step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.current.numel():
+            self.taken.append(self.current.gather(-1, input_ids[:, -1:])[:, 0])
+        self.current = torch.log_softmax(scores / self.temperature, dim=-1)
+        return scores
+
+    def logprobs(self, generated: torch.Tensor) -> torch.Tensor:
+        """``[rows, new tokens]`` log-probs of ``generated``, the new ids ``generate`` returned (which may have
+        dropped one extra step it ran, as its deferred stop check does on mps: hence the cut)."""
+        taken = [*self.taken, self.current.gather(-1, generated[:, -1:])[:, 0]]
+        return torch.stack(taken[: generated.shape[1]], dim=1)
 
 
 def shared_prefill(model: Any, prompts: Sequence[Sequence[int]], input_ids: Any, attention: Any) -> dict[str, Any]:
