@@ -152,6 +152,7 @@ class FlatSteps:
     token_step: Tensor  # [rows, L] the step index t (within its trajectory) of each response token; −1 outside steps
     step_tokens: Tensor  # [n, S] tokens per step
     step_mask: Tensor  # [n, S]
+    row_step: Tensor | None = None  # [rows] the step of each row when no row holds two (verl-agent's layout); −1: none
 
     @property
     def num_trajectories(self) -> int:
@@ -184,10 +185,13 @@ def locate_steps(response_mask: Tensor, traj_of_row: Tensor) -> FlatSteps:
     step_tokens = torch.zeros(n, width, dtype=torch.long, device=mask.device)
     step_tokens[run_traj, run_step] = run_end - run_start + 1
     step_mask = torch.arange(width, device=mask.device)[None, :] < num_steps[:, None]
-    token_run = torch.cumsum(starts.view(-1), 0).view_as(starts) - 1  # run index of each token (row-major)
-    token_step = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
-    token_step[mask] = run_step[token_run[mask]]
-    return FlatSteps(traj_of_row, token_step, step_tokens, step_mask)
+    if bool((torch.bincount(run_row, minlength=mask.shape[0]) <= 1).all()):  # one step per row: no per-token search
+        row_step = torch.full((mask.shape[0],), -1, dtype=torch.long, device=mask.device).index_put_((run_row,), run_step)
+        return FlatSteps(traj_of_row, torch.where(mask, row_step[:, None], -1), step_tokens, step_mask, row_step)
+    # Each token's run, counted from 1 in row-major order (0 before the first run): a gather, not a masked scatter.
+    token_run = torch.cumsum(starts.view(-1), 0, dtype=torch.int32).view_as(starts)
+    step_or_none = torch.cat([run_step.new_full((1,), -1), run_step])
+    return FlatSteps(traj_of_row, torch.where(mask, step_or_none[token_run], -1), step_tokens, step_mask)
 
 
 def steps_from_ids(
@@ -243,10 +247,12 @@ def per_trajectory(values: Tensor, traj_of_row: Tensor, num_trajectories: int) -
 def token_advantages(step_values: Tensor, steps: FlatSteps, response_mask: Tensor) -> Tensor:
     """Broadcast a per-step value (Ã_{i,t}, a clip factor) to every token of step t in the flat layout; 0 where the
     response mask is 0."""
+    mask = response_mask.to(step_values.dtype)
     if step_values.shape[1] == 0:
-        return torch.zeros(response_mask.shape, dtype=step_values.dtype, device=response_mask.device)
-    values = step_values[steps.traj_of_row[:, None], steps.token_step.clamp(min=0)]
-    return values * response_mask.to(step_values.dtype)
+        return torch.zeros_like(mask)
+    if steps.row_step is not None:  # one value per row, broadcast over its tokens
+        return step_values[steps.traj_of_row, steps.row_step.clamp(min=0)][:, None] * mask
+    return step_values[steps.traj_of_row[:, None], steps.token_step.clamp(min=0)] * mask
 
 
 def credit_flat(
