@@ -405,6 +405,57 @@ def cmd_guide(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """An actor on an environment split: success, average steps, per-task-type (BFCL: per-category) table; resumable."""
+    from pathlib import Path
+
+    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.rollout.collect import build_policy, parse_policy
+    from deltattg.rollout.evaluate import PerEpisodePolicy, EvalSettings, results_markdown, run_evaluation, select_tasks
+    from deltattg.rollout.policies import SamplingConfig
+    from deltattg.rollout.prompts import PromptConfig
+
+    _check_out(args.out, folder=True)
+    splits = [s.strip() for s in (args.split or DEFAULT_SPLIT[args.env]).split(",")]
+    if not all(splits) or len(set(splits)) != len(splits):
+        raise UsageError(f"--split {args.split}: name each split once, several separated by commas")
+    try:
+        spec = parse_policy(args.actor)
+        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
+        probe = make_env()
+        tasks = [task for split in splits for task in probe.tasks(split)]
+        if not tasks:  # the data is there (alfworld: --data or $ALFWORLD_DATA) and the split too
+            raise ValueError(f"--split {','.join(splits)}: the {args.env} environment has no tasks in it")
+        tasks = select_tasks(tasks, args.episodes, args.seed)
+    except (ValueError, ImportError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    model = spec.kind in ("lm", "vllm")
+    settings = EvalSettings(env=args.env, short=args.short, split=",".join(splits), actor=spec.name, seed=args.seed,
+                            max_turns=args.max_turns, temperature=args.temperature if model else None,
+                            max_new_tokens=args.max_new_tokens if model else None)  # fmt: skip
+    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
+
+    def make_policy():
+        if not model:
+            return PerEpisodePolicy(lambda seed: build_policy(spec, seed, sampling, prompt), args.seed, spec.name)
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        try:  # loaded once, only when some task is left to play
+            return build_policy(spec, args.seed, sampling, prompt)
+        except (ValueError, ImportError, OSError) as exc:
+            raise UsageError(f"--actor {args.actor}: {exc}") from None
+
+    results = run_evaluation(make_env, tasks, make_policy, spec, settings, Path(args.out), progress=args.progress,
+                             log=lambda message: print(message, file=sys.stderr))  # fmt: skip
+    print(results_markdown(results), end="")
+    print(f"wrote {results['played']} episodes to {Path(args.out) / 'episodes.jsonl'} ({results['episodes']} in all), "
+          f"results.json and results.md", file=sys.stderr)
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Per-step credit of several methods side by side; with --env household, credit precision."""
     from pathlib import Path
@@ -454,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     from deltattg.meter.regression import RegressionConfig
     from deltattg.meter.train_regression import RegressionTrainConfig
     from deltattg.data.labels import TARGETS
+    from deltattg.rollout.policies import SamplingConfig
+    from deltattg.envs.registry import ENVIRONMENTS
+    from deltattg.train.config import RunConfig
 
     parser = argparse.ArgumentParser(
         prog="deltattg",
@@ -683,6 +737,47 @@ def build_parser() -> argparse.ArgumentParser:
     add_meter_source(guide)
     _add_tokenizer(guide)
     guide.set_defaults(func=cmd_guide)
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="an actor on an environment split: success, average steps, per-task-type table (Table 7); resumable",
+        description="Play one episode of --actor on each task of --split (the first --episodes of the split shuffled "
+        "with --seed; default: the whole split) and write OUT/episodes.jsonl (one trajectory record per finished "
+        "episode, as `collect` writes them, appended as each episode ends), OUT/results.json and OUT/results.md: "
+        "success %, average steps (all episodes and successful ones) and the same per task type (household, "
+        "alfworld; the paper's Table 7 layout) or per category (bfcl: base, miss_func, miss_param, long_context; "
+        "--split base,miss_func,... evaluates several). Rerunning the same command on the same --out plays only "
+        "the tasks without a record (a killed run resumes); records of other settings are refused. Actors: expert "
+        "or expert:EPS (the planner / walkthrough / ground truth; with probability EPS a random admissible action), "
+        "random, lm:MODEL (HF id, path, smollm2 or a checkpoint folder saved by `deltattg train`, e.g. "
+        "RUN/checkpoints/step-N/actor), vllm:MODEL (extra [vllm], GPU).",
+    )
+    evaluate.add_argument("--env", required=True, choices=ENVIRONMENTS)
+    evaluate.add_argument("--actor", required=True,
+                          help="policy spec: expert, expert:EPS, random, lm:MODEL, vllm:MODEL")
+    evaluate.add_argument("--split", help="task split, or several separated by commas (household, alfworld: train, "
+                          "valid_seen, valid_unseen; alfworld also valid_train; bfcl: base, miss_func, miss_param, "
+                          "long_context); default train (bfcl: base)")
+    evaluate.add_argument("--episodes", type=number(int, low=1, high=10**6), metavar="N",
+                          help="evaluate the first N tasks of the split shuffled with --seed (default: every task)")
+    evaluate.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
+    evaluate.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
+    evaluate.add_argument("--max-turns", type=number(int, low=1, high=10**5),
+                          help="stop an episode after this many actions (default: the env's)")
+    evaluate.add_argument("--temperature", type=number(float, low=0, high=100), default=SamplingConfig.temperature,
+                          help="lm actors: sampling temperature (0 = greedy), default %(default)s")
+    evaluate.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6),
+                          default=SamplingConfig.max_new_tokens,
+                          help="lm actors: tokens per action, default %(default)s")
+    evaluate.add_argument("--seed", type=seed_int, default=0,
+                          help="task order and the actor's randomness, default %(default)s")
+    evaluate.add_argument("--threads", type=number(int, low=0, high=1024), default=RunConfig.threads,
+                          help="lm actors: torch CPU threads (0: torch's default); on a shared CPU 1 avoids OpenMP "
+                          "oversubscription (up to 30x slower otherwise)")
+    evaluate.add_argument("--out", required=True, help="folder for episodes.jsonl, results.json and results.md "
+                          "(a folder holding this run's episodes.jsonl is resumed)")
+    evaluate.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    evaluate.set_defaults(func=cmd_evaluate)
 
     from deltattg.demo.cli import add_demo_parser
     from deltattg.train.cli import add_train_parser
