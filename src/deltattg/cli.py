@@ -672,12 +672,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(a random admissible action with probability EPS), random, lm:MODEL (HF id, path or smollm2), vllm:MODEL "
         "(extra [vllm], GPU). Every record carries its policy's name.",
     )
-    collect_p.add_argument("--env", required=True, choices=["household", "alfworld", "bfcl"])
+    collect_p.add_argument("--env", required=True, choices=ENVIRONMENTS)
     collect_p.add_argument("--policy", action="append", required=True, help="a policy spec; repeat to pool several")
     collect_p.add_argument("--episodes", type=number(int, low=1, high=10**6), required=True, help="episodes per policy")
     collect_p.add_argument("--out", required=True, help="trajectory JSONL to write")
     collect_p.add_argument("--split", help="task split (household/alfworld: train, valid_seen, valid_unseen; "
-                           "bfcl: base, ...); default train (bfcl: base)")
+                           "bfcl: base, ...; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; tau2: retail)")
     collect_p.add_argument("--group-size", type=number(int, low=1, high=10**4), default=1, help="episodes per task (a GRPO group)")
     collect_p.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
     collect_p.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
@@ -720,13 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Prints success % and average steps per arm (the paper's Table 9) and the meter's share of the time. Actors: "
         "expert:EPS (the planner with probability 1 - EPS, else a random admissible action), random, lm:MODEL.",
     )
-    guide.add_argument("--env", required=True, choices=["household", "alfworld", "bfcl"])
+    guide.add_argument("--env", required=True, choices=ENVIRONMENTS)
     guide.add_argument("--actor", required=True, help="policy spec: expert:EPS, random, lm:MODEL (HF id, path or smollm2)")
     guide.add_argument("--candidates", type=number(int, low=1, high=64), default=4, metavar="K",
                        help="proposals per step in the guided arms (default 4)")
     guide.add_argument("--episodes", type=number(int, low=1, high=10**5), required=True, metavar="N",
                        help="tasks (one episode each per arm), drawn from --split with --seed")
-    guide.add_argument("--split", help="task split (default train; bfcl: base)")
+    guide.add_argument("--split", help="task split (default train; bfcl: base; tau2: retail)")
     guide.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
     guide.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
     guide.add_argument("--max-turns", type=number(int, low=1, high=10**5), help="stop an episode after this many actions (default: the env's)")
@@ -745,8 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
         "with --seed; default: the whole split) and write OUT/episodes.jsonl (one trajectory record per finished "
         "episode, as `collect` writes them, appended as each episode ends), OUT/results.json and OUT/results.md: "
         "success %, average steps (all episodes and successful ones) and the same per task type (household, "
-        "alfworld; the paper's Table 7 layout) or per category (bfcl: base, miss_func, miss_param, long_context; "
-        "--split base,miss_func,... evaluates several). Rerunning the same command on the same --out plays only "
+        "alfworld; the paper's Table 7 layout), per category (bfcl: base, miss_func, miss_param, long_context; "
+        "--split base,miss_func,... evaluates several) or per domain (tau2). Rerunning the same command on the same --out plays only "
         "the tasks without a record (a killed run resumes); records of other settings are refused. Actors: expert "
         "or expert:EPS (the planner / walkthrough / ground truth; with probability EPS a random admissible action), "
         "random, lm:MODEL (HF id, path, smollm2 or a checkpoint folder saved by `deltattg train`, e.g. "
@@ -757,7 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="policy spec: expert, expert:EPS, random, lm:MODEL, vllm:MODEL")
     evaluate.add_argument("--split", help="task split, or several separated by commas (household, alfworld: train, "
                           "valid_seen, valid_unseen; alfworld also valid_train; bfcl: base, miss_func, miss_param, "
-                          "long_context); default train (bfcl: base)")
+                          "long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; tau2: retail)")
     evaluate.add_argument("--episodes", type=number(int, low=1, high=10**6), metavar="N",
                           help="evaluate the first N tasks of the split shuffled with --seed (default: every task)")
     evaluate.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
@@ -791,8 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write --split's tasks as the parquet file verl's data.train_files / data.val_files read with "
         "the deltattg_env agent loop (agent_name column; the task in extra_info.deltattg_task). See docs/verl.md.",
     )
-    verl_tasks.add_argument("--env", required=True, choices=["household", "alfworld", "bfcl"])
-    verl_tasks.add_argument("--split", help="task split (default train; bfcl: base)")
+    verl_tasks.add_argument("--env", required=True, choices=ENVIRONMENTS)
+    verl_tasks.add_argument("--split", help="task split (default train; bfcl: base; tau2: retail)")
     verl_tasks.add_argument("--short", action="store_true", help="household: short tasks")
     verl_tasks.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
     verl_tasks.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks of the split")
