@@ -153,16 +153,17 @@ def median_step_time(runs: Sequence[Sequence[dict]]) -> float:
 
 def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, c in curves.items():
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors = plt.get_cmap("tab20" if len(curves) > 10 else "tab10").colors  # one distinct colour per arm
+    for (name, c), color in zip(curves.items(), colors):
         mean = c.mean(axis=0)
         half = 1.96 * c.std(axis=0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros_like(mean)
-        ax.plot(steps, 100 * mean, "o-", ms=3, label=name)
-        ax.fill_between(steps, 100 * (mean - half), 100 * (mean + half), alpha=0.15)
+        ax.plot(steps, 100 * mean, "o-", ms=3, label=name, color=color)
+        ax.fill_between(steps, 100 * (mean - half), 100 * (mean + half), alpha=0.12, color=color)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"held-out greedy success % (mean ± 1.96 SE, {len(next(iter(curves.values())))} seeds)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
