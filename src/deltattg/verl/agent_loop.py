@@ -1,4 +1,4 @@
-"""A verl agent loop that plays any deltattg environment (household, ALFWorld, BFCL) with verl's served actor.
+"""A verl agent loop that plays any deltattg environment (household, ALFWorld, BFCL, τ²-bench) with verl's served actor.
 
 One ``AgentLoopOutput`` per step (verl's v1 multi-output path): step t's row holds the prompt the actor read at
 state h_t (the window or chat layout of ``deltattg train``) and the action tokens it sampled, all trainable
