@@ -114,18 +114,32 @@ def run_episodes(
     max_turns: int | None = None,
     run: str = "",
     progress: bool = False,
+    on_finish: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """``group_size`` episodes of every task with ``policy``; stops each at done or after ``max_turns`` actions
-    (default: the environment's ``max_steps``). Returns trajectories grouped by task, in task order."""
+    (default: the environment's ``max_steps``). Returns trajectories grouped by task, in task order; ``on_finish``
+    also gets each one as soon as its episode ends (``deltattg evaluate`` appends it to its output then)."""
     episodes = [start_episode(make_env(), task, k) for task in tasks for k in range(group_size)]
     limit = max_turns if max_turns is not None else max(e.env.max_steps for e in episodes)
     bar = tqdm(total=len(episodes), desc=f"rollout {policy.name}", unit="ep", disable=not progress)
+    finished: dict[int, Trajectory] = {}
+
+    def finish(k: int) -> None:
+        finished[k] = to_trajectory(episodes[k], policy.name, run, limit)
+        if on_finish is not None:
+            on_finish(finished[k])
+
     for _ in range(limit):
-        active = [e for e in episodes if not e.done]
+        active = [k for k, e in enumerate(episodes) if not e.done]
         if not active:
             break
-        for episode, action in zip(active, policy.act(active)):
-            advance(episode, action)
-            bar.update(int(episode.done))
+        for k, action in zip(active, policy.act([episodes[k] for k in active])):
+            advance(episodes[k], action)
+            if episodes[k].done:
+                bar.update(1)
+                finish(k)
     bar.close()
-    return [to_trajectory(e, policy.name, run, limit) for e in episodes]
+    for k in range(len(episodes)):
+        if k not in finished:  # ran out of turns
+            finish(k)
+    return [finished[k] for k in range(len(episodes))]

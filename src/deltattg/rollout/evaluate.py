@@ -30,7 +30,7 @@ from deltattg.data.trajectory import Trajectory, parse_trajectory
 from deltattg.envs.base import Environment, Task
 from deltattg.errors import InputError
 from deltattg.rollout.collect import PolicySpec
-from deltattg.rollout.engine import Action, Episode, Policy, advance, start_episode, to_trajectory
+from deltattg.rollout.engine import Action, Episode, Policy, run_episodes
 
 EPISODES_FILE = "episodes.jsonl"
 RESULTS_JSON = "results.json"
@@ -222,22 +222,10 @@ class Appender:
 
 def play(make_env: Callable[[], Environment], tasks: Sequence[Task], policy: Policy, *, max_turns: int | None,
          run: str, on_finish: Callable[[Trajectory], None]) -> None:  # fmt: skip
-    """One episode of each task, played together as ``rollout.engine.run_episodes`` plays them (one batched actor
-    call per turn; an episode ends at done or after ``max_turns`` actions, default the environment's limit), handing
-    each trajectory to ``on_finish`` the turn it ends."""
-    episodes = [start_episode(make_env(), task, 0) for task in tasks]
-    limit = max_turns if max_turns is not None else max(e.env.max_steps for e in episodes)
-    for _ in range(limit):
-        active = [e for e in episodes if not e.done]
-        if not active:
-            break
-        for episode, action in zip(active, policy.act(active)):
-            advance(episode, action)
-            if episode.done:
-                on_finish(to_trajectory(episode, policy.name, run, limit))
-    for episode in episodes:
-        if not episode.done:  # ran out of turns
-            on_finish(to_trajectory(episode, policy.name, run, limit))
+    """One episode of each task, played together by ``rollout.engine.run_episodes`` (one batched actor call per
+    turn; an episode ends at done or after ``max_turns`` actions, default the environment's limit), handing each
+    trajectory to ``on_finish`` the turn it ends."""
+    run_episodes(make_env, tasks, policy, max_turns=max_turns, run=run, on_finish=on_finish)
 
 
 def evaluation_record(trajectory: Trajectory, settings: EvalSettings) -> dict:
