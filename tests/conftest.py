@@ -83,3 +83,24 @@ def assert_refused_on_records(tmp_path: Path, capsys, src: Path, method: str, me
             main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [src]
+
+
+def expert_episode(env, task) -> tuple[list[str], object]:
+    """Play ``task`` with the environment's own expert (``expert_action()``) until done: the actions it sent and the
+    final ``StepResult``."""
+    env.reset(task)
+    actions: list[str] = []
+    while True:
+        actions.append(env.expert_action())
+        result = env.step(actions[-1])
+        if result.done:
+            return actions, result
+
+
+def play_actions(env, actions: list[str]):
+    """Step an environment (already reset) through ``actions``; the last ``StepResult``."""
+    result = None
+    for action in actions:
+        result = env.step(action)
+    assert result is not None
+    return result

