@@ -15,7 +15,7 @@ from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT  # noqa: E402
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
 
 from conftest import expert_episode, play_actions as play  # noqa: E402
-from deltattg.envs.base import Environment, HasExpert, StepResult, Task, replay  # noqa: E402
+from deltattg.envs.base import Environment, HasExpert, Task, replay  # noqa: E402
 from deltattg.envs.bfcl import (  # noqa: E402
     CATEGORIES,
     END_OF_TURN,

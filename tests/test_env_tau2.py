@@ -17,7 +17,6 @@ from deltattg.envs.base import (  # noqa: E402
     Environment,
     HasExpert,
     HasReferenceAnswer,
-    StepResult,
     Task,
     replay,
     verified_outcome,
