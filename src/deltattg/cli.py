@@ -420,7 +420,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not all(splits) or len(set(splits)) != len(splits):
         raise UsageError(f"--split {args.split}: name each split once, several separated by commas")
     try:
-        spec = parse_policy(args.actor)
+        spec = parse_policy(args.actor, trials=True)
         make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
         probe = make_env()
         tasks = [task for split in splits for task in probe.tasks(split)]
@@ -429,7 +429,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         tasks = select_tasks(tasks, args.episodes, args.seed)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    model = spec.kind in ("lm", "vllm")
+    model = spec.is_model
     settings = EvalSettings(env=args.env, short=args.short, split=",".join(splits), actor=spec.name, seed=args.seed,
                             max_turns=args.max_turns, temperature=args.temperature if model else None,
                             max_new_tokens=args.max_new_tokens if model else None)  # fmt: skip
@@ -670,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Roll out each --policy for --episodes episodes on the same tasks and pool the trajectories (the "
         "meter's training data, §3.1 / D.1). Policies: expert (planner / walkthrough / ground truth), expert:EPS "
         "(a random admissible action with probability EPS), random, lm:MODEL (HF id, path or smollm2), vllm:MODEL "
-        "(extra [vllm], GPU). Every record carries its policy's name.",
+        "(extra [vllm], GPU), react:MODEL (ReAct: \"Thought: ... Action: ...\", only the action is executed). Every "
+        "record carries its policy's name.",
     )
     collect_p.add_argument("--env", required=True, choices=ENVIRONMENTS)
     collect_p.add_argument("--policy", action="append", required=True, help="a policy spec; repeat to pool several")
@@ -718,10 +719,12 @@ def build_parser() -> argparse.ArgumentParser:
         "picking uniformly among K proposals (random selection) and picking the proposal whose next state the meter "
         "reads as cheapest, c = v if b else C (progress meter; each proposal tried in a branch of the environment). "
         "Prints success % and average steps per arm (the paper's Table 9) and the meter's share of the time. Actors: "
-        "expert:EPS (the planner with probability 1 - EPS, else a random admissible action), random, lm:MODEL.",
+        "expert:EPS (the planner with probability 1 - EPS, else a random admissible action), random, lm:MODEL, "
+        "react:MODEL.",
     )
     guide.add_argument("--env", required=True, choices=ENVIRONMENTS)
-    guide.add_argument("--actor", required=True, help="policy spec: expert:EPS, random, lm:MODEL (HF id, path or smollm2)")
+    guide.add_argument("--actor", required=True,
+                       help="policy spec: expert:EPS, random, lm:MODEL (HF id, path or smollm2), react:MODEL")
     guide.add_argument("--candidates", type=number(int, low=1, high=64), default=4, metavar="K",
                        help="proposals per step in the guided arms (default 4)")
     guide.add_argument("--episodes", type=number(int, low=1, high=10**5), required=True, metavar="N",
@@ -750,11 +753,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the tasks without a record (a killed run resumes); records of other settings are refused. Actors: expert "
         "or expert:EPS (the planner / walkthrough / ground truth; with probability EPS a random admissible action), "
         "random, lm:MODEL (HF id, path, smollm2 or a checkpoint folder saved by `deltattg train`, e.g. "
-        "RUN/checkpoints/step-N/actor), vllm:MODEL (extra [vllm], GPU).",
+        "RUN/checkpoints/step-N/actor), vllm:MODEL (extra [vllm], GPU), react:MODEL (ReAct: a thought, then the "
+        "action executed), reflexion:MODEL (ReAct with up to 3 trials per task, a self-reflection after each failure).",
     )
     evaluate.add_argument("--env", required=True, choices=ENVIRONMENTS)
     evaluate.add_argument("--actor", required=True,
-                          help="policy spec: expert, expert:EPS, random, lm:MODEL, vllm:MODEL")
+                          help="policy spec: expert, expert:EPS, random, lm:MODEL, vllm:MODEL, react:MODEL, "
+                          "reflexion:MODEL")
     evaluate.add_argument("--split", help="task split, or several separated by commas (household, alfworld: train, "
                           "valid_seen, valid_unseen; alfworld also valid_train; bfcl: base, miss_func, miss_param, "
                           "long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; tau2: retail)")

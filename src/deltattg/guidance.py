@@ -101,8 +101,9 @@ class GuidedPolicy:
             return [self.rng.choice(options) for options in per_episode]
         branches, owners = [], []
         for k, (episode, options) in enumerate(zip(episodes, per_episode)):
+            commands = {a.text: a.command for a in options}  # a ReAct reply: the environment runs its action
             for text in distinct([a.text for a in options]):
-                observation = try_action(episode, text, self.make_env)
+                observation = try_action(episode, commands[text], self.make_env)
                 branches.append((episode, episode.messages + [{"role": "assistant", "content": text},
                                                               {"role": "user", "content": observation}]))
                 owners.append((k, text))

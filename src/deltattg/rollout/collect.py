@@ -2,7 +2,10 @@
 
 Policy specs: ``expert`` (the environment's planner / walkthrough / ground truth), ``expert:EPS`` (with probability
 EPS a random admissible action instead), ``random``, ``lm:MODEL`` (an HF causal LM: id, path or ``smollm2``),
-``vllm:MODEL`` (the same through a vLLM engine, extra ``[vllm]``, GPU).
+``vllm:MODEL`` (the same through a vLLM engine, extra ``[vllm]``, GPU), ``react:MODEL`` (the HF LM prompted for
+"Thought: ... Action: ...": the environment runs only the action, the record keeps the whole reply) and, for
+``deltattg evaluate`` only (``parse_policy(..., trials=True)``), ``reflexion:MODEL`` (``rollout.reflexion``: up to 3
+trials per task, a self-reflection after each failed one).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment
@@ -21,19 +24,29 @@ from deltattg.rollout.prompts import PromptConfig
 
 @dataclass(frozen=True)
 class PolicySpec:
-    kind: str  # expert | random | lm | vllm
+    kind: str  # expert | random | lm | vllm | react | reflexion
     epsilon: float = 0.0
     model: str | None = None
+
+    @property
+    def is_model(self) -> bool:
+        """A language model acts (sampling settings apply; loaded once, not one instance per episode)."""
+        return self.kind in MODEL_KINDS
 
     @property
     def name(self) -> str:
         if self.kind == "expert":
             return f"expert-eps{self.epsilon:g}"
-        return f"{self.kind}:{self.model}" if self.kind in ("lm", "vllm") else self.kind
+        return f"{self.kind}:{self.model}" if self.is_model else self.kind
 
 
-def parse_policy(spec: str) -> PolicySpec:
-    """``expert``, ``expert:0.2``, ``random`` or ``lm:MODEL``; anything else raises ``ValueError``."""
+MODEL_KINDS = ("lm", "vllm", "react", "reflexion")
+
+
+def parse_policy(spec: str, *, trials: bool = False) -> PolicySpec:
+    """``expert``, ``expert:0.2``, ``random``, ``lm:MODEL``, ``vllm:MODEL``, ``react:MODEL`` and, where several
+    trials per task are played (``trials=True``: ``deltattg evaluate``), ``reflexion:MODEL``; anything else raises
+    ``ValueError``."""
     kind, _, arg = spec.partition(":")
     if kind == "expert":
         epsilon = float(arg) if arg else 0.0
@@ -42,12 +55,18 @@ def parse_policy(spec: str) -> PolicySpec:
         return PolicySpec("expert", epsilon)
     if kind == "random" and not arg:
         return PolicySpec("random")
-    if kind in ("lm", "vllm") and arg:
+    if kind == "reflexion" and arg and not trials:
+        raise ValueError(f"policy {spec!r}: Reflexion plays several trials per task, only `deltattg evaluate` takes it "
+                         "(use react:MODEL for its single-trial actor)")  # fmt: skip
+    if kind in MODEL_KINDS and arg:
         return PolicySpec(kind, model=arg)
-    raise ValueError(f"unknown policy {spec!r}: use expert, expert:EPS, random, lm:MODEL or vllm:MODEL")
+    more = ", react:MODEL or reflexion:MODEL" if trials else " or react:MODEL"
+    raise ValueError(f"unknown policy {spec!r}: use expert, expert:EPS, random, lm:MODEL, vllm:MODEL{more}")
 
 
 def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig, prompt: PromptConfig = PromptConfig()) -> Policy:
+    """The policy of ``spec``. ``react`` and ``reflexion``: an HF LM with ``prompt.react`` set (Reflexion's actor is
+    ReAct; ``rollout.reflexion.Reflexion`` wraps it with the reflection step)."""
     if spec.kind == "expert":
         return NoisyExpertPolicy(spec.epsilon, seed=seed, name=spec.name)
     if spec.kind == "random":
@@ -59,7 +78,14 @@ def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig, prompt: 
         return VLLMPolicy(spec.model, sampling, prompt, name=spec.name)
     from deltattg.hf import load_causal_lm, load_tokenizer
 
-    return LMPolicy(load_causal_lm(spec.model).eval(), load_tokenizer(spec.model), sampling, prompt, name=spec.name)
+    if spec.kind in ("react", "reflexion"):
+        prompt = replace(prompt, react=True)
+    policy = LMPolicy(load_causal_lm(spec.model).eval(), load_tokenizer(spec.model), sampling, prompt, name=spec.name)
+    if spec.kind == "reflexion":
+        from deltattg.rollout.reflexion import Reflexion
+
+        return Reflexion(policy)
+    return policy
 
 
 def choose_tasks(tasks: Sequence, episodes: int, group_size: int, seed: int) -> list:

@@ -8,7 +8,7 @@ environment verified (``envs.base.verified_outcome``: the action was admissible,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,10 +20,19 @@ from deltattg.envs.base import Describable, Environment, Task, verified_outcome
 
 @dataclass
 class Action:
+    """What the policy produced (``text``, its token ids and log-probs, the prompt it read) and, where the
+    environment is to see only part of it (ReAct: the action after the thought), that part as ``env_text``."""
+
     text: str
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
+    env_text: str | None = None
+
+    @property
+    def command(self) -> str:
+        """What the environment executes: ``env_text`` when set, else the whole ``text``."""
+        return self.text if self.env_text is None else self.env_text
 
 
 @dataclass
@@ -37,7 +46,7 @@ class Episode:
     first_observation: str
     observation: str
     admissible: list[str] | None
-    history: list[tuple[str, str]] = field(default_factory=list)  # (action, observation after it)
+    history: list[tuple[str, str]] = field(default_factory=list)  # (command executed, observation after it)
     steps: list[Step] = field(default_factory=list)
     reward: float = 0.0
     done: bool = False
@@ -50,15 +59,26 @@ class Policy(Protocol):
     def act(self, episodes: Sequence[Episode]) -> list[Action]: ...
 
 
-def start_episode(env: Environment, task: Task, index: int) -> Episode:
+def with_memory(system_prompt: str, memory: Sequence[str]) -> str:
+    """The system prompt followed by the reflections of earlier trials of the task (Reflexion), if any."""
+    if not memory:
+        return system_prompt
+    notes = "\n".join(f"- {note}" for note in memory)
+    return f"{system_prompt}\n\nYour reflections on earlier failed trials of this task:\n{notes}"
+
+
+def start_episode(env: Environment, task: Task, index: int, memory: Sequence[str] = ()) -> Episode:
+    """A fresh episode of ``task``; ``memory`` (Reflexion's reflections) is appended to the system message."""
     observation = env.reset(task)
-    messages = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": observation}]
+    messages = [{"role": "system", "content": with_memory(env.system_prompt, memory)},
+                {"role": "user", "content": observation}]  # fmt: skip
     return Episode(env, task, index, messages, observation, observation, env.admissible_actions())
 
 
 def advance(episode: Episode, action: Action) -> None:
-    """Execute ``action`` in the episode's environment and record the step."""
-    result = episode.env.step(action.text)
+    """Execute ``action.command`` in the episode's environment and record the step: the transcript keeps the whole
+    reply (``action.text``: a ReAct thought too), ``history`` the command executed (what a replay repeats)."""
+    result = episode.env.step(action.command)
     episode.steps.append(
         Step(
             observation=episode.observation,
@@ -70,7 +90,7 @@ def advance(episode: Episode, action: Action) -> None:
         )
     )
     episode.messages += [{"role": "assistant", "content": action.text}, {"role": "user", "content": result.observation}]
-    episode.history.append((action.text, result.observation))
+    episode.history.append((action.command, result.observation))
     episode.observation = result.observation
     episode.admissible = result.info.get("admissible")
     episode.reward += result.reward
@@ -115,11 +135,15 @@ def run_episodes(
     run: str = "",
     progress: bool = False,
     on_finish: Callable[[Trajectory], None] | None = None,
+    memory: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Trajectory]:
     """``group_size`` episodes of every task with ``policy``; stops each at done or after ``max_turns`` actions
     (default: the environment's ``max_steps``). Returns trajectories grouped by task, in task order; ``on_finish``
-    also gets each one as soon as its episode ends (``deltattg evaluate`` appends it to its output then)."""
-    episodes = [start_episode(make_env(), task, k) for task in tasks for k in range(group_size)]
+    also gets each one as soon as its episode ends (``deltattg evaluate`` appends it to its output then).
+    ``memory``: task id → reflections shown in that task's system prompt (``rollout.reflexion``)."""
+    memory = memory or {}
+    episodes = [start_episode(make_env(), task, k, memory.get(task.id, ())) for task in tasks
+                for k in range(group_size)]  # fmt: skip
     limit = max_turns if max_turns is not None else max(e.env.max_steps for e in episodes)
     bar = tqdm(total=len(episodes), desc=f"rollout {policy.name}", unit="ep", disable=not progress)
     finished: dict[int, Trajectory] = {}

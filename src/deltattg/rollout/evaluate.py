@@ -10,6 +10,9 @@ Tasks: the split's tasks in an order shuffled by ``seed``, the first ``episodes`
 ``--episodes`` extends an earlier run. Expert and random actors draw from one random stream per episode, seeded by
 ``seed`` and the task id, so a resumed run gives exactly the numbers of an uninterrupted one; LM actors sample in
 batches (one torch seed per chunk of episodes), so a resumed run replays the interrupted chunk's episodes afresh.
+
+``reflexion:MODEL`` plays each task for up to 3 trials (``rollout.reflexion``): its record is the task's last trial
+(its steps are that trial's), with the trials it took; the results add ``trials`` (average used, success within k).
 """
 
 from __future__ import annotations
@@ -142,10 +145,13 @@ class Outcome:
     task: str
     success: bool
     steps: int
+    trials: int = 1  # Reflexion: the trials the task took
 
     @classmethod
     def of(cls, trajectory: Trajectory) -> Outcome:
-        return cls(trajectory.group, trajectory.success, trajectory.num_steps)
+        from deltattg.rollout.reflexion import trials_used
+
+        return cls(trajectory.group, trajectory.success, trajectory.num_steps, trials_used(trajectory))
 
 
 @dataclass
@@ -221,10 +227,16 @@ class Appender:
 
 
 def play(make_env: Callable[[], Environment], tasks: Sequence[Task], policy: Policy, *, max_turns: int | None,
-         run: str, on_finish: Callable[[Trajectory], None]) -> None:  # fmt: skip
+         run: str, on_finish: Callable[[Trajectory], None], trials: bool = False) -> None:  # fmt: skip
     """One episode of each task, played together by ``rollout.engine.run_episodes`` (one batched actor call per
     turn; an episode ends at done or after ``max_turns`` actions, default the environment's limit), handing each
-    trajectory to ``on_finish`` the turn it ends."""
+    trajectory to ``on_finish`` the turn it ends. ``trials``: up to 3 Reflexion trials per task
+    (``rollout.reflexion.run_reflexion``; ``policy`` must also ``reflect``), each task's last one handed on."""
+    if trials:
+        from deltattg.rollout.reflexion import run_reflexion
+
+        run_reflexion(make_env, tasks, policy, max_turns=max_turns, run=run, on_finish=on_finish)  # type: ignore[arg-type]
+        return
     run_episodes(make_env, tasks, policy, max_turns=max_turns, run=run, on_finish=on_finish)
 
 
@@ -275,9 +287,10 @@ def run_evaluation(
 
             for start in range(0, len(todo), chunk):
                 part = todo[start : start + chunk]
-                if spec.kind in ("lm", "vllm"):
+                if spec.is_model:
                     torch.manual_seed(episode_seed(settings.seed, part[0].id))
-                play(make_env, part, policy, max_turns=settings.max_turns, run=f"{spec.name}/", on_finish=keep)
+                play(make_env, part, policy, max_turns=settings.max_turns, run=f"{spec.name}/", on_finish=keep,
+                     trials=spec.kind == "reflexion")  # fmt: skip
                 if isinstance(policy, PerEpisodePolicy):
                     policy.forget()
         bar.close()
@@ -316,13 +329,29 @@ def summarize(outcomes: Sequence[Outcome], selected: dict[str, Task], settings: 
         everything.append(row)
     known = list(COLUMNS.get(settings.env, {}))
     order = known + sorted(set(rows) - set(known))
-    return {
+    results = {
         **settings.to_json(),
         "episodes": len(outcomes),
         "breakdown": breakdown_name(settings.env),
         "overall": stats(everything),
         "by_type": {name: stats(rows.get(name, [])) for name in order},
         "episodes_file": EPISODES_FILE,
+    }
+    if settings.actor.startswith("reflexion:"):
+        results["trials"] = trial_stats(outcomes)
+    return results
+
+
+def trial_stats(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """Reflexion: the most trials any task took, the average taken, and the success rate within k trials."""
+    from deltattg.rollout.reflexion import TRIALS
+
+    most = max([TRIALS, *(o.trials for o in outcomes)])
+    return {
+        "max": most,
+        "avg_used": sum(o.trials for o in outcomes) / len(outcomes) if outcomes else None,
+        "success_within": [sum(o.success and o.trials <= k for o in outcomes) / len(outcomes) if outcomes else None
+                           for k in range(1, most + 1)],
     }
 
 
@@ -332,6 +361,14 @@ def _percent(value: float | None) -> str:
 
 def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
+
+
+def _trials_line(trials: dict | None) -> str:
+    if not trials:
+        return ""
+    within = ", ".join(f"{_percent(s)} % within {k}" for k, s in enumerate(trials["success_within"], 1))
+    used = _number(trials["avg_used"])
+    return f" Reflexion: up to {trials['max']} trials per task, {used} used on average; success {within}."
 
 
 def results_markdown(results: dict) -> str:
@@ -354,7 +391,7 @@ def results_markdown(results: dict) -> str:
         f"success {_percent(overall['success'])} %, average steps {_number(overall['avg_steps'])} "
         f"({_number(overall['avg_steps_success'])} in successful episodes). "
         f"Wall time {results['wall_seconds']:.2f} s ({results['played']} episodes played, {results['resumed']} "
-        "resumed from episodes.jsonl).",
+        "resumed from episodes.jsonl)." + _trials_line(results.get("trials")),
         "",
         f"Success % per {kind}{layout}:",
         "",

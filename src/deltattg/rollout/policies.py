@@ -12,7 +12,7 @@ import torch
 from deltattg.envs.base import HasExpert
 from deltattg.hf import cache_argument
 from deltattg.rollout.engine import Action, Episode
-from deltattg.rollout.prompts import PromptConfig, episode_prompt
+from deltattg.rollout.prompts import PromptConfig, episode_prompt, parse_react_action
 
 
 class RandomPolicy:
@@ -63,7 +63,9 @@ class SamplingConfig:
 
 class ChatPolicy:
     """An LM actor that reads the episode through its tokenizer's chat template (window or chat layout) and acts with
-    whatever its backend samples; subclasses implement ``generate(prompt_ids) -> actions``."""
+    whatever its backend samples; subclasses implement ``generate(prompt_ids) -> actions``. With ``prompt.react`` (the
+    ReAct baseline) each action keeps the whole reply as its text and sends the environment only its last
+    ``Action:`` part (``prompts.parse_react_action``)."""
 
     def __init__(self, tokenizer: Any, sampling: SamplingConfig, prompt: PromptConfig, name: str):
         self.tokenizer = tokenizer
@@ -86,6 +88,9 @@ class ChatPolicy:
         actions: list[Action] = []
         for start in range(0, len(prompts), size):
             actions += self.generate(prompts[start : start + size])
+        if self.prompt.react:
+            for action in actions:
+                action.env_text = parse_react_action(action.text)
         return actions
 
     def generate(self, prompts: list[list[int]]) -> list[Action]:
