@@ -98,6 +98,48 @@ def _add_tokenizer(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SPLITS = ("(household, alfworld: train, valid_seen, valid_unseen; alfworld also valid_train; bfcl: base, miss_func, "
+          "miss_param, long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; "
+          "tau2: retail)")
+
+
+def _add_environment(parser: argparse.ArgumentParser, *, several_splits: bool = False) -> None:
+    """--env, --split, --short and --data: which environment and which of its tasks."""
+    from deltattg.envs.registry import ENVIRONMENTS
+
+    parser.add_argument("--env", required=True, choices=ENVIRONMENTS)
+    parser.add_argument("--split", help=("task split, or several separated by commas " if several_splits
+                                         else "task split ") + SPLITS)
+    parser.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
+    parser.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
+
+
+def _add_rollout(parser: argparse.ArgumentParser, max_new_tokens: int, seed_help: str | None = None) -> None:
+    """--max-turns, --temperature, --max-new-tokens and --seed: how the episodes are played."""
+    from deltattg.rollout.policies import SamplingConfig
+
+    parser.add_argument("--max-turns", type=number(int, low=1, high=10**5),
+                        help="stop an episode after this many actions (default: the env's)")
+    parser.add_argument("--temperature", type=number(float, low=0, high=100), default=SamplingConfig.temperature,
+                        help="lm actors: sampling temperature (0 = greedy), default %(default)s")
+    parser.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6), default=max_new_tokens,
+                        help="lm actors: tokens per action, default %(default)s")
+    parser.add_argument("--seed", type=seed_int, default=0, help=seed_help)
+
+
+def _environment(args: argparse.Namespace, splits: Sequence[str]) -> tuple:
+    """``(make_env, an instance, the tasks of splits)`` of the environment ``args`` name; ``ValueError`` when the
+    splits hold no task (alfworld: no data at --data or $ALFWORLD_DATA)."""
+    from deltattg.envs.registry import env_factory
+
+    make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
+    probe = make_env()
+    tasks = [task for split in splits for task in probe.tasks(split)]
+    if not tasks:
+        raise ValueError(f"--split {','.join(splits)}: the {args.env} environment has no tasks in it")
+    return make_env, probe, tasks
+
+
 def _add_skip_invalid(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip-invalid",
@@ -292,7 +334,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     """Roll out a pool of policies in an environment and write their trajectories."""
     from deltattg.data.jsonl import write_jsonl
     from deltattg.data.tokens import count_step_tokens
-    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.rollout.collect import collect, parse_policy
     from deltattg.rollout.policies import SamplingConfig
 
@@ -304,10 +346,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"--policy {', '.join(repeated)} given more than once (trajectory ids would repeat)")
-        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
+        make_env, _, _ = _environment(args, [split])
         sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-        if not make_env().tasks(split):  # the data is there (alfworld: --data or $ALFWORLD_DATA) and the split too
-            raise ValueError(f"--split {split}: the {args.env} environment has no tasks in it")
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     tokenizer = _tokenizer(args.tokenizer)
@@ -330,18 +370,16 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_verl_tasks(args: argparse.Namespace) -> int:
     """verl's training data for the deltattg_env agent loop: one parquet row per task."""
-    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.verl.tasks import task_rows, write_parquet
 
     _check_out(args.out)
     split = args.split or DEFAULT_SPLIT[args.env]
     try:
-        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
+        make_env, _, _ = _environment(args, [split])
         rows = task_rows(make_env, split, args.limit)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    if not rows:
-        raise UsageError(f"--split {split}: the {args.env} environment has no tasks in it")
     write_parquet(rows, args.out)
     print(f"wrote {len(rows)} {args.env} tasks of split {split} to {args.out}", file=sys.stderr)
     return 0
@@ -353,7 +391,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
 
     from deltattg.data.jsonl import atomic_output
     from deltattg.demo.report import guidance_header, guidance_row, text_table
-    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.guidance import compare_guidance
     from deltattg.meter.oracle import ORACLE
     from deltattg.rollout.collect import build_policy, choose_tasks, parse_policy
@@ -366,11 +404,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
     split = args.split or DEFAULT_SPLIT[args.env]
     try:
         spec = parse_policy(args.actor)
-        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
-        probe = make_env()
-        tasks = probe.tasks(split)
-        if not tasks:  # the data is there (alfworld: --data or $ALFWORLD_DATA) and the split too
-            raise ValueError(f"--split {split}: the {args.env} environment has no tasks in it")
+        make_env, probe, tasks = _environment(args, [split])
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     meter = _meter(args)
@@ -409,7 +443,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """An actor on an environment split: success, average steps, per-task-type (BFCL: per-category) table; resumable."""
     from pathlib import Path
 
-    from deltattg.envs.registry import DEFAULT_SPLIT, env_factory
+    from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.rollout.collect import build_policy, parse_policy
     from deltattg.rollout.evaluate import PerEpisodePolicy, EvalSettings, results_markdown, run_evaluation, select_tasks
     from deltattg.rollout.policies import SamplingConfig
@@ -421,11 +455,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise UsageError(f"--split {args.split}: name each split once, several separated by commas")
     try:
         spec = parse_policy(args.actor, trials=True)
-        make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
-        probe = make_env()
-        tasks = [task for split in splits for task in probe.tasks(split)]
-        if not tasks:  # the data is there (alfworld: --data or $ALFWORLD_DATA) and the split too
-            raise ValueError(f"--split {','.join(splits)}: the {args.env} environment has no tasks in it")
+        make_env, probe, tasks = _environment(args, splits)
         tasks = select_tasks(tasks, args.episodes, args.seed)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
@@ -506,7 +536,6 @@ def build_parser() -> argparse.ArgumentParser:
     from deltattg.meter.train_regression import RegressionTrainConfig
     from deltattg.data.labels import TARGETS
     from deltattg.rollout.policies import SamplingConfig
-    from deltattg.envs.registry import ENVIRONMENTS
     from deltattg.train.config import RunConfig
 
     parser = argparse.ArgumentParser(
@@ -673,19 +702,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(extra [vllm], GPU), react:MODEL (ReAct: \"Thought: ... Action: ...\", only the action is executed). Every "
         "record carries its policy's name.",
     )
-    collect_p.add_argument("--env", required=True, choices=ENVIRONMENTS)
+    _add_environment(collect_p)
     collect_p.add_argument("--policy", action="append", required=True, help="a policy spec; repeat to pool several")
     collect_p.add_argument("--episodes", type=number(int, low=1, high=10**6), required=True, help="episodes per policy")
     collect_p.add_argument("--out", required=True, help="trajectory JSONL to write")
-    collect_p.add_argument("--split", help="task split (household/alfworld: train, valid_seen, valid_unseen; "
-                           "bfcl: base, ...; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; tau2: retail)")
     collect_p.add_argument("--group-size", type=number(int, low=1, high=10**4), default=1, help="episodes per task (a GRPO group)")
-    collect_p.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
-    collect_p.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
-    collect_p.add_argument("--max-turns", type=number(int, low=1, high=10**5), help="stop an episode after this many actions (default: the env's)")
-    collect_p.add_argument("--temperature", type=number(float, low=0, high=100), default=1.0, help="lm policies: sampling temperature (0 = greedy)")
-    collect_p.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6), default=256, help="lm policies: tokens per action")
-    collect_p.add_argument("--seed", type=seed_int, default=0)
+    _add_rollout(collect_p, max_new_tokens=256)
     collect_p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     _add_tokenizer(collect_p)
     collect_p.set_defaults(func=cmd_collect)
@@ -722,20 +744,14 @@ def build_parser() -> argparse.ArgumentParser:
         "expert:EPS (the planner with probability 1 - EPS, else a random admissible action), random, lm:MODEL, "
         "react:MODEL.",
     )
-    guide.add_argument("--env", required=True, choices=ENVIRONMENTS)
+    _add_environment(guide)
     guide.add_argument("--actor", required=True,
                        help="policy spec: expert:EPS, random, lm:MODEL (HF id, path or smollm2), react:MODEL")
     guide.add_argument("--candidates", type=number(int, low=1, high=64), default=4, metavar="K",
                        help="proposals per step in the guided arms (default 4)")
     guide.add_argument("--episodes", type=number(int, low=1, high=10**5), required=True, metavar="N",
                        help="tasks (one episode each per arm), drawn from --split with --seed")
-    guide.add_argument("--split", help="task split (default train; bfcl: base; tau2: retail)")
-    guide.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
-    guide.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
-    guide.add_argument("--max-turns", type=number(int, low=1, high=10**5), help="stop an episode after this many actions (default: the env's)")
-    guide.add_argument("--temperature", type=number(float, low=0, high=100), default=1.0, help="lm actors: sampling temperature")
-    guide.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6), default=64, help="lm actors: tokens per action")
-    guide.add_argument("--seed", type=seed_int, default=0)
+    _add_rollout(guide, max_new_tokens=64)
     guide.add_argument("--json", help="also write the numbers as JSON here")
     add_meter_source(guide)
     _add_tokenizer(guide)
@@ -756,26 +772,14 @@ def build_parser() -> argparse.ArgumentParser:
         "RUN/checkpoints/step-N/actor), vllm:MODEL (extra [vllm], GPU), react:MODEL (ReAct: a thought, then the "
         "action executed), reflexion:MODEL (ReAct with up to 3 trials per task, a self-reflection after each failure).",
     )
-    evaluate.add_argument("--env", required=True, choices=ENVIRONMENTS)
+    _add_environment(evaluate, several_splits=True)
     evaluate.add_argument("--actor", required=True,
                           help="policy spec: expert, expert:EPS, random, lm:MODEL, vllm:MODEL, react:MODEL, "
                           "reflexion:MODEL")
-    evaluate.add_argument("--split", help="task split, or several separated by commas (household, alfworld: train, "
-                          "valid_seen, valid_unseen; alfworld also valid_train; bfcl: base, miss_func, miss_param, "
-                          "long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; tau2: retail)")
     evaluate.add_argument("--episodes", type=number(int, low=1, high=10**6), metavar="N",
                           help="evaluate the first N tasks of the split shuffled with --seed (default: every task)")
-    evaluate.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
-    evaluate.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
-    evaluate.add_argument("--max-turns", type=number(int, low=1, high=10**5),
-                          help="stop an episode after this many actions (default: the env's)")
-    evaluate.add_argument("--temperature", type=number(float, low=0, high=100), default=SamplingConfig.temperature,
-                          help="lm actors: sampling temperature (0 = greedy), default %(default)s")
-    evaluate.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6),
-                          default=SamplingConfig.max_new_tokens,
-                          help="lm actors: tokens per action, default %(default)s")
-    evaluate.add_argument("--seed", type=seed_int, default=0,
-                          help="task order and the actor's randomness, default %(default)s")
+    _add_rollout(evaluate, max_new_tokens=SamplingConfig.max_new_tokens,
+                 seed_help="task order and the actor's randomness, default %(default)s")
     evaluate.add_argument("--threads", type=number(int, low=0, high=1024), default=RunConfig.threads,
                           help="lm actors: torch CPU threads (0: torch's default); on a shared CPU 1 avoids OpenMP "
                           "oversubscription (up to 30x slower otherwise)")
@@ -796,10 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write --split's tasks as the parquet file verl's data.train_files / data.val_files read with "
         "the deltattg_env agent loop (agent_name column; the task in extra_info.deltattg_task). See docs/verl.md.",
     )
-    verl_tasks.add_argument("--env", required=True, choices=ENVIRONMENTS)
-    verl_tasks.add_argument("--split", help="task split (default train; bfcl: base; tau2: retail)")
-    verl_tasks.add_argument("--short", action="store_true", help="household: short tasks")
-    verl_tasks.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
+    _add_environment(verl_tasks)
     verl_tasks.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks of the split")
     verl_tasks.add_argument("--out", required=True, help="parquet file to write")
     verl_tasks.set_defaults(func=cmd_verl_tasks)

@@ -83,15 +83,19 @@ class ChatPolicy:
         return ids[-limit:] if limit else ids
 
     def act(self, episodes: Sequence[Episode]) -> list[Action]:
-        prompts = [self.encode(self.prompt_messages(e)) for e in episodes]
-        size = self.sampling.batch_size
-        actions: list[Action] = []
-        for start in range(0, len(prompts), size):
-            actions += self.generate(prompts[start : start + size])
+        actions = self.generate_all([self.encode(self.prompt_messages(e)) for e in episodes])
         if self.prompt.react:
             for action in actions:
                 action.env_text = parse_react_action(action.text)
         return actions
+
+    def generate_all(self, prompts: list[list[int]]) -> list[Action]:
+        """One reply per prompt, generated in batches of ``sampling.batch_size``."""
+        size = self.sampling.batch_size
+        replies: list[Action] = []
+        for start in range(0, len(prompts), size):
+            replies += self.generate(prompts[start : start + size])
+        return replies
 
     def generate(self, prompts: list[list[int]]) -> list[Action]:
         raise NotImplementedError

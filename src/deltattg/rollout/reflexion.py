@@ -61,11 +61,7 @@ class Reflexion:
         return self.policy.act(episodes)
 
     def reflect(self, trajectories: Sequence[Trajectory]) -> list[str]:
-        prompts = [self.policy.encode(reflection_messages(t)) for t in trajectories]
-        size = self.policy.sampling.batch_size
-        replies: list[Action] = []
-        for start in range(0, len(prompts), size):
-            replies += self.policy.generate(prompts[start : start + size])
+        replies = self.policy.generate_all([self.policy.encode(reflection_messages(t)) for t in trajectories])
         return [reply.text.strip() for reply in replies]
 
 
