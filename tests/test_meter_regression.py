@@ -16,12 +16,14 @@ from deltattg.meter.train_regression import RegressionTrainConfig, train_regress
 WORDS = "system user assistant tool goal go to take put the mug cup done next action interaction history of an agent".split()
 
 
-def tiny_meter(max_length: int = 512, seed: int = 0, pooling: str = "last") -> RegressionMeter:
+def tiny_meter(max_length: int = 512, seed: int = 0, pooling: str = "last", ensemble: int = 1,
+               layer: int | None = None) -> RegressionMeter:
     torch.manual_seed(seed)
     tokenizer = make_tiny_tokenizer(WORDS)
     backbone = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024))
-    config = RegressionConfig(backbone="tiny", max_length=max_length, head_hidden=32, pooling=pooling)
+    config = RegressionConfig(backbone="tiny", max_length=max_length, head_hidden=32, pooling=pooling,
+                              ensemble=ensemble, layer=layer)
     return RegressionMeter(backbone, tokenizer, config).eval()
 
 

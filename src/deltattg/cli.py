@@ -237,7 +237,7 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args.tokenizer)
     if args.kind == "regression":
         meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars,
-                          "pooling": args.pooling, "target": args.target}
+                          "pooling": args.pooling, "target": args.target, "ensemble": args.ensemble, "layer": args.layer}
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
                           "batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
@@ -248,6 +248,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     else:
         if args.target != "ttg":
             raise UsageError("--target score trains a regression meter (--kind regression)")
+        if args.ensemble != 1 or args.layer is not None:
+            raise UsageError("--ensemble and --layer train a regression meter (--kind regression)")
         settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
             settings["learning_rate"] = args.lr
@@ -620,6 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
                              help="regression: what the value head predicts: ttg = log1p(Token-to-Go) of completable "
                              "states (the DeltaTTG meter), score = the trajectory's final reward at every state (an "
                              "outcome-score meter, read by --method value, E.4). Default: ttg")
+    train_meter.add_argument("--ensemble", type=positive_int, default=RegressionConfig.ensemble,
+                             help="regression: train N heads (seeds --seed .. --seed+N-1) on the same features; a "
+                             "reading averages their completion probabilities and Token-to-Go (default: 1)")
+    train_meter.add_argument("--layer", type=positive_int, default=RegressionConfig.layer,
+                             help="regression: read the output of this decoder layer of the backbone (1..its layer "
+                             "count) instead of its final state")
     train_meter.add_argument("--full", action="store_true", help="regression: train the backbone too (default: frozen)")
     train_meter.add_argument("--head-epochs", type=positive_int, default=RegressionTrainConfig.head_epochs,
                              help="regression, frozen backbone: head epochs, default %(default)s")

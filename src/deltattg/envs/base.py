@@ -14,11 +14,14 @@ Environments are deterministic given a task and seed. Branching for test-time gu
 Optional: ``reference_answer(task) -> str | None`` (:class:`HasReferenceAnswer`), the answer whose probability
 IGPO and A²TGPO track turn by turn (household: the planner's optimal plan; BFCL: the ground-truth calls). Not part
 of :class:`Environment` itself, so an environment without one still runs every other method;
-:func:`reference_answer` asks for it.
+:func:`reference_answer` asks for it. Likewise ``mistaken_action(rng) -> str`` (:class:`HasMistakes`): a plausible
+wrong step where there is no admissible list to draw one from (BFCL, τ²), what ``expert:EPS`` plays with probability
+ε.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -82,6 +85,14 @@ class HasExpert(Protocol):
     """Environments that know a good next action from the current state (planner, walkthrough, ground truth)."""
 
     def expert_action(self) -> str | None: ...
+
+
+@runtime_checkable
+class HasMistakes(Protocol):
+    """Environments without admissible actions that say what a plausible wrong step is: a noisy expert's deviation
+    (``expert:EPS``; :mod:`deltattg.envs.mistakes`)."""
+
+    def mistaken_action(self, rng: random.Random) -> str: ...
 
 
 @runtime_checkable

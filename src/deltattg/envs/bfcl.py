@@ -31,7 +31,10 @@ Every episode gets its own model name (``deltattg_<uuid>``), so concurrent episo
 and its instances (including the checker's) are deleted when the episode ends or the env is reset.
 
 **Expert** (``expert_action``): the ground truth, one call per step (``[call]``; the rest of the turn's calls at once
-on the last step BFCL allows), then ``END_OF_TURN`` to close the turn.
+on the last step BFCL allows), then ``END_OF_TURN`` to close the turn. A gold call counts as made once it has run, in
+order, in the current turn, so the expert resumes after anyone's steps. **Mistakes** (``mistaken_action``, what
+``expert:EPS`` plays with probability ε): the next gold call with a wrong argument or to the wrong tool, or the turn
+closed early (:mod:`deltattg.envs.mistakes`).
 
 **Branching.** Backend state is plain Python but lives in BFCL's globals, so branching replays the replies so far
 (``deltattg.envs.base.replay``); a replay costs about one backend step per replayed call (well under a millisecond).
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 import uuid
 from collections.abc import Sequence
 from functools import cache
@@ -48,6 +52,7 @@ from importlib import resources
 from typing import Any
 
 from deltattg.envs.base import StepResult, Task
+from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
 
 try:
     from bfcl_eval.constants.category_mapping import VERSION_PREFIX
@@ -183,6 +188,54 @@ def tool_report(calls: Sequence[str], results: Sequence[str]) -> str:
     return "\n".join(f"{call} -> {result}" for call, result in zip(calls, results, strict=True))
 
 
+def normalized_call(source: str) -> str:
+    """A call's source as ``ast.unparse`` writes it (how executed calls are kept), e.g. ``cd(folder="a")`` ->
+    ``cd(folder='a')``."""
+    return ast.unparse(ast.parse(source, mode="eval").body)
+
+
+def matched_in_order(gold: Sequence[str], ran: Sequence[str]) -> int:
+    """How many of ``gold`` (a prefix) appear in ``ran`` in order, other calls in between ignored."""
+    done = 0
+    for source in ran:
+        if done < len(gold) and source == normalized_call(gold[done]):
+            done += 1
+    return done
+
+
+def mistaken_argument(source: str, rng: random.Random) -> str | None:
+    """``[call]`` with one literal argument changed (:func:`deltattg.envs.mistakes.perturbed_arguments`); None when
+    none can be."""
+    call = ast.parse(source, mode="eval").body
+    slots = {**{str(i): node for i, node in enumerate(call.args)}, **{k.arg: k.value for k in call.keywords if k.arg}}
+    values = {}
+    for slot, node in slots.items():
+        try:
+            values[slot] = ast.literal_eval(node)
+        except (ValueError, TypeError, SyntaxError):
+            continue
+    changed = perturbed_arguments(values, rng)
+    if changed is None:
+        return None
+    slot = next(slot for slot in values if changed[slot] != values[slot])
+    replacement = ast.parse(repr(changed[slot]), mode="eval").body
+    if slot.isdigit():
+        call.args[int(slot)] = replacement
+    else:
+        next(k for k in call.keywords if k.arg == slot).value = replacement
+    return f"[{ast.unparse(call)}]"
+
+
+def mistaken_tool(source: str, tools: Sequence[str], rng: random.Random) -> str | None:
+    """``[call]`` sent to another tool of the task with the same arguments; None when the task has one tool."""
+    call = ast.parse(source, mode="eval").body
+    name = other_tool(ast.unparse(call.func), tools, rng)
+    if name is None:
+        return None
+    call.func = ast.Name(id=name, ctx=ast.Load())
+    return f"[{ast.unparse(call)}]"
+
+
 class BFCLEnv:
     """BFCL v3 multi-turn entries (see the module doc). ``info`` of every step: ``won``, ``truncated``, ``turn`` (the
     user turn now in progress), ``calls`` and ``results`` (this step's, empty when it ended the turn), ``check``
@@ -201,7 +254,6 @@ class BFCLEnv:
         self._decoded: list[list[list[str]]] = []  # per turn, per step with calls: the executed calls (checker input)
         self._turn = 0
         self._turn_steps = 0  # steps with calls in the current turn
-        self._turn_calls = 0  # calls made in the current turn
         self._steps = 0
         self._done = False
 
@@ -221,7 +273,7 @@ class BFCLEnv:
         self._tools = frozenset(doc["name"] for name in entry["involved_classes"] for doc in function_docs(name))
         self._model_name = f"deltattg_{uuid.uuid4().hex}"
         self._decoded = [[]]
-        self._turn = self._turn_steps = self._turn_calls = self._steps = 0
+        self._turn = self._turn_steps = self._steps = 0
         self._done = False
         return user_turn(entry, 0)
 
@@ -248,13 +300,28 @@ class BFCLEnv:
         return None
 
     def expert_action(self) -> str:
-        """The ground truth one call per step: the current turn's next call as ``[call]`` (all remaining calls on the
-        turn's last step before BFCL's force-quit), then ``END_OF_TURN``."""
-        pending = self._live_task().data["ground_truth"][self._turn][self._turn_calls :]
+        """The ground truth one call per step: the current turn's next pending call as ``[call]`` (all pending calls
+        on the turn's last step before BFCL's force-quit), then ``END_OF_TURN``. A gold call is pending until it has
+        run, in order, this turn (:func:`pending_calls`), so the expert picks up after other policies' steps."""
+        pending = self._pending_calls()
         if not pending:
             return END_OF_TURN
         last_chance = self._turn_steps + 1 >= MAXIMUM_STEP_LIMIT
         return "[" + ", ".join(pending if last_chance else pending[:1]) + "]"
+
+    def mistaken_action(self, rng: random.Random) -> str:
+        """A plausible wrong step (``HasMistakes``; :mod:`deltattg.envs.mistakes`): the next gold call (the turn's
+        last one once none is pending) with a wrong argument or sent to another tool, or the turn closed with calls
+        pending. A turn without gold calls: a call to a random tool of the task."""
+        pending = self._pending_calls()
+        gold_calls = self._live_task().data["ground_truth"][self._turn]
+        gold = pending[0] if pending else (gold_calls[-1] if gold_calls else None)
+        if gold is None:
+            return f"[{rng.choice(sorted(self._tools))}()]"
+        mistakes = {"wrong_argument": mistaken_argument(gold, rng), "wrong_tool": mistaken_tool(gold, self._tools, rng),
+                    "give_up": END_OF_TURN if pending else None}  # fmt: skip
+        possible = [mistake for mistake in MISTAKES if mistakes[mistake] is not None]
+        return mistakes[rng.choice(possible)] if possible else END_OF_TURN
 
     def reference_answer(self, task: Task) -> str:
         """The task's ground truth as text (``HasReferenceAnswer``, IGPO / A²TGPO): each user turn's calls in the
@@ -273,6 +340,13 @@ class BFCLEnv:
         if self._done:
             raise RuntimeError("the episode is over; call reset()")
         return self._task
+
+    def _pending_calls(self) -> list[str]:
+        """The current turn's gold calls not yet run: those after the longest prefix of them found, in order, among
+        the calls this turn has run."""
+        gold = self._live_task().data["ground_truth"][self._turn]
+        ran = [source for step in self._decoded[-1] for source in step]
+        return gold[matched_in_order(gold, ran) :]
 
     def _execute(self, calls: Sequence[ast.Call]) -> tuple[list[str], list[str]]:
         """Run the step's runnable calls on this episode's backends; (each call's source, each call's result)."""
@@ -294,7 +368,6 @@ class BFCLEnv:
         if runnable:
             self._decoded[-1].append(runnable)
         self._turn_steps += 1
-        self._turn_calls += len(calls)
         return sources, results
 
     def _end_turn(self) -> tuple[str, bool, bool, dict[str, Any] | None]:
@@ -302,7 +375,7 @@ class BFCLEnv:
         task = self._live_task()
         entry = task.data["entry"]
         self._turn += 1
-        self._turn_steps = self._turn_calls = 0
+        self._turn_steps = 0
         if self._turn < len(entry["question"]):
             self._decoded.append([])
             return user_turn(entry, self._turn), False, False, None

@@ -72,7 +72,9 @@ call ran without error — τ²'s ``ToolMessage.error``; malformed: False; a mes
 **Expert** (``expert_action``): the task's gold actions (``evaluation_criteria.actions``) in order, one per step —
 an assistant action as a tool call, a user action as a message asking for it — then one message carrying every
 ``communicate_info`` string and ``###STOP###``. Its progress is read off the trajectory (the gold actions made so
-far, in order), so it picks up after other policies' steps. **Reference answer**: the assistant's gold actions, one JSON call a
+far, in order), so it picks up after other policies' steps. **Mistakes** (``mistaken_action``, what ``expert:EPS``
+plays with probability ε): the next gold action with a wrong argument or to the wrong tool, or a premature stop
+(:mod:`deltattg.envs.mistakes`). **Reference answer**: the assistant's gold actions, one JSON call a
 line.
 
 **Branching**: state is a τ² database in memory; branching replays the replies (``deltattg.envs.base.replay``).
@@ -92,6 +94,7 @@ import copy
 import functools
 import importlib.util
 import json
+import random
 import re
 import sys
 import types
@@ -99,6 +102,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deltattg.envs.base import StepResult, Task
+from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
 
 DOMAINS = ("retail", "airline", "telecom")
 MAX_STEPS = 30
@@ -106,6 +110,7 @@ MAX_ERRORS = 10  # τ²'s DEFAULT_MAX_ERRORS: that many failed tool calls end th
 MAX_USER_TOOL_ROUNDS = 5
 STOP = "###STOP###"
 GREETING = "Hi! How can I help you today?"  # τ²'s DEFAULT_FIRST_AGENT_MESSAGE
+IDLE_QUESTION = "Is there anything else I can help you with?"
 CONFIRMATION = "Yes, I confirm. Please go ahead."
 ACTION_FORMAT = """<tool_format>
 To make a tool call, reply with only a JSON object: {"name": "<tool name>", "arguments": {<argument>: <value>, ...}} \
@@ -423,6 +428,24 @@ def _tool_schemas(domain: str) -> tuple[str, str | None, str]:
 
 
 @functools.cache
+def agent_tools(domain: str) -> tuple[str, ...]:
+    """The names of a domain's agent tools."""
+    return tuple(tool.name for tool in registry.get_env_constructor(domain)().get_tools())
+
+
+def gold_reply(requestor: str, name: str, arguments: dict[str, Any]) -> str:
+    """The reply that makes a call: the call itself (the agent's tools), or a message asking the user to make it on
+    their phone (the user's device tools)."""
+    call = json.dumps({"name": name, "arguments": arguments})
+    return call if requestor == "assistant" else f"Please do this on your phone: {call}"
+
+
+def closing_message(communicate_info: Sequence[str]) -> str:
+    """The expert's last message: the communicate info, then τ²'s agent stop token."""
+    return " ".join(["I have completed your request.", *communicate_info, STOP])
+
+
+@functools.cache
 def user_tools(domain: str) -> dict[str, Any]:
     """The user's device tools of a domain by name (telecom; empty elsewhere), for their schemas."""
     env = registry.get_env_constructor(domain)()
@@ -563,16 +586,36 @@ class Tau2Env:
     def expert_action(self) -> str:
         """The next gold action (a tool call, or a message asking the user for a device action), then a closing
         message with the task's communicate info and ``###STOP###``."""
+        action = self._next_gold()
+        if action is not None:
+            return gold_reply(action.requestor, action.name, action.arguments)
+        criteria = self._tau2.evaluation_criteria
+        return closing_message((criteria.communicate_info if criteria else None) or [])
+
+    def mistaken_action(self, rng: random.Random) -> str:
+        """A plausible wrong step (``HasMistakes``; :mod:`deltattg.envs.mistakes`): the next gold action with a wrong
+        argument or sent to another tool (of the agent, or of the user's phone), or the conversation stopped before
+        it is done. Once every gold action is made: the closing message without the communicate info (an idle
+        question to the user where there is none to leave out)."""
+        action = self._next_gold()
+        if action is None:
+            criteria = self._tau2.evaluation_criteria
+            return closing_message([]) if criteria and criteria.communicate_info else IDLE_QUESTION
+        domain, by = self._task.data["domain"], action.requestor
+        arguments = perturbed_arguments(action.arguments, rng)
+        tool = other_tool(action.name, user_tools(domain) if by == "user" else agent_tools(domain), rng)
+        mistakes = {"wrong_argument": None if arguments is None else gold_reply(by, action.name, arguments),
+                    "wrong_tool": None if tool is None else gold_reply(by, tool, action.arguments),
+                    "give_up": closing_message([])}  # fmt: skip
+        return mistakes[rng.choice([mistake for mistake in MISTAKES if mistakes[mistake] is not None])]
+
+    def _next_gold(self) -> Any:
+        """The first gold action (``evaluation_criteria.actions``) the trajectory has not made yet; None after all."""
         self._live()
         criteria = self._tau2.evaluation_criteria
         actions = (criteria.actions if criteria else None) or []
         done = self._gold_done(actions)
-        if done < len(actions):
-            action = actions[done]
-            call = json.dumps({"name": action.name, "arguments": action.arguments})
-            return call if action.requestor == "assistant" else f"Please do this on your phone: {call}"
-        info = (criteria.communicate_info if criteria else None) or []
-        return " ".join(["I have completed your request.", *info, STOP])
+        return actions[done] if done < len(actions) else None
 
     def _gold_done(self, actions: Sequence[Any]) -> int:
         """How many gold actions the trajectory has made so far, in order (same requestor, name and arguments;

@@ -73,7 +73,12 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
     from deltattg.meter.regression import RegressionMeter
     from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 
-    meter = RegressionMeter.from_backbone(model, **meter_settings)
+    try:
+        meter = RegressionMeter.from_backbone(model, **meter_settings)
+    except InputError:
+        raise
+    except ValueError as exc:  # a setting the backbone cannot honour (--layer beyond its depth)
+        raise InputError(str(exc)) from None
     tokenizer = count_tokenizer or meter.tokenizer
     windows, examples = [], []
     for item in items:

@@ -75,6 +75,9 @@ def _check_regression_config(config: dict, file: str) -> None:
                 raise InputError(f"must be a positive integer, got {value!r}", path=file, field=name)
             if kind is str and not isinstance(value, str):
                 raise InputError(f"must be a string, got {value!r}", path=file, field=name)
+    layer = config.get("layer")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 1):
+        raise InputError(f"must be null or a decoder layer (1, 2, ...), got {layer!r}", path=file, field="layer")
 
 
 def meter_kind(path: str | Path) -> str | None:

@@ -50,6 +50,8 @@ class RegressionConfig:
     max_batch_tokens: int = 8192
     pooling: str = "last"  # "last": the boundary token's hidden state; "last+mean": also the mean over its last block
     target: str = "ttg"  # "ttg": log1p(Token-to-Go) of completable states; "score": the final score (E.4 +value)
+    ensemble: int = 1  # heads trained from seeds seed..seed+N-1 on the same features; readings average them
+    layer: int | None = None  # read the output of this decoder layer (1..num_hidden_layers); None: the final state
     kind: str = "regression"
     format_version: int = REGRESSION_FORMAT_VERSION
 
@@ -141,6 +143,55 @@ class ProgressHead(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
         return self.net(features)
 
+    def reset(self, seed: int) -> None:
+        """Re-initialise every parameter from ``seed`` (what ``--seed`` means for a head)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for module in self.net:
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+
+
+class HeadEnsemble(nn.Module):
+    """N :class:`ProgressHead` reading the same features; the output averages their readings and has a single head's
+    format: completion logit = logit of the mean probability σ(logit_k), value = log1p of the mean Token-to-Go
+    max(expm1(ŷ_k), 0) for a ``ttg`` meter, the mean predicted score for a ``score`` meter."""
+
+    def __init__(self, heads: Sequence[ProgressHead], target: str = "ttg"):
+        super().__init__()
+        if not heads:
+            raise ValueError("an ensemble needs at least one head")
+        self.heads = nn.ModuleList(heads)
+        self.target = target
+
+    def forward(self, features: Tensor) -> Tensor:
+        return average_readings(torch.stack([head(features) for head in self.heads]), self.target)
+
+
+def average_readings(outputs: Tensor, target: str = "ttg") -> Tensor:
+    """``[N, B, 2]`` head outputs -> ``[B, 2]``: the logit of the mean completion probability (computed in log space,
+    exact for saturated heads) and the mean value (Token-to-Go averaged in tokens, clamped at 0 as a reading is)."""
+    n = math.log(outputs.shape[0])
+    logit = (torch.logsumexp(nn.functional.logsigmoid(outputs[..., 0]), 0) - n) - (
+        torch.logsumexp(nn.functional.logsigmoid(-outputs[..., 0]), 0) - n)
+    if target == "score":
+        value = outputs[..., 1].mean(0)
+    else:
+        value = torch.log1p(torch.expm1(outputs[..., 1].clamp(max=40.0)).clamp(min=0.0).mean(0))
+    return torch.stack([logit, value], dim=-1)
+
+
+def head_members(head: nn.Module) -> list[ProgressHead]:
+    """The heads that train: an ensemble's members, or the head itself."""
+    return list(head.heads) if isinstance(head, HeadEnsemble) else [head]
+
+
+def make_head(width: int, config: RegressionConfig) -> nn.Module:
+    """A :class:`ProgressHead`, or a :class:`HeadEnsemble` of ``config.ensemble`` of them."""
+    if config.ensemble == 1:
+        return ProgressHead(width, config.head_hidden)
+    return HeadEnsemble([ProgressHead(width, config.head_hidden) for _ in range(config.ensemble)], config.target)
+
 
 def readings_from_head(outputs: Tensor, target: str = "ttg") -> list[MeterOutput]:
     """``ttg``: b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 and the logit itself (E.4 +logit); v̂ is kept where b̂ = 0 too
@@ -188,8 +239,13 @@ class RegressionMeter(nn.Module):
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {config.pooling!r}")
         if config.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {config.target!r}")
+        if config.ensemble < 1:
+            raise ValueError(f"ensemble must be at least 1, got {config.ensemble}")
+        layers = backbone.config.num_hidden_layers
+        if config.layer is not None and not 1 <= config.layer <= layers:
+            raise ValueError(f"layer must be in 1..{layers} (the backbone's decoder layers), got {config.layer}")
         width = backbone.config.hidden_size * (2 if config.pooling == "last+mean" else 1)
-        self.head = head or ProgressHead(width, config.head_hidden)
+        self.head = head or make_head(width, config)
         self._id: str | None = None
 
     # ---- loading and saving ------------------------------------------------------------------------------------
@@ -249,10 +305,17 @@ class RegressionMeter(nn.Module):
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             ids = torch.tensor([windows[k].ids + [pad] * (width - len(windows[k].ids)) for k in batch], device=device)
             mask = torch.tensor([[1] * len(windows[k].ids) + [0] * (width - len(windows[k].ids)) for k in batch], device=device)
-            hidden = self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden = self.hidden_states(ids, mask)
             for row, k in enumerate(batch):
                 pieces[k] = read_features(hidden[row], windows[k], self.config.pooling)
         return torch.cat([pieces[k] for k in range(len(windows))]) if windows else torch.empty(0)
+
+    def hidden_states(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """``[B, L, H]`` states the head reads: the backbone's final (normalised) state, or the output of decoder
+        layer ``config.layer`` (``layer = num_hidden_layers`` is the final state)."""
+        if self.config.layer is None:
+            return self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[self.config.layer]
 
     @torch.no_grad()
     def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput]]:

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from deltattg.data.labels import remaining_sums
-from deltattg.meter.regression import RegressionMeter, Window, meter_loss
+from deltattg.meter.regression import RegressionMeter, Window, head_members, meter_loss
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,11 @@ def _cosine_warmup(step: int, total: int, warmup: int) -> float:
 
 
 def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Path, progress: bool) -> torch.Tensor:
-    """Frozen-backbone features of every read position, computed once and cached at ``path`` (keyed by content)."""
+    """Frozen-backbone features of every read position, computed once and cached at ``path``, keyed by the windows'
+    content and the settings that change the features (backbone, pooling, layer) — not by the head's settings, so
+    retraining heads in the same folder (other seeds, epochs, ``ensemble``) reuses them."""
     key = hashlib.sha256(json.dumps([[w.ids, w.positions] for w in windows]).encode()).hexdigest()
-    key += meter.config.backbone
+    key += json.dumps([meter.config.backbone, meter.config.pooling, meter.config.layer])
     if path.exists():
         from deltattg.train.checkpoint import CheckpointError, safe_load
 
@@ -130,30 +132,33 @@ def _row_of(windows: Sequence[Window], examples: Sequence[Example]) -> list[int]
     return [offsets[e.window] + e.read for e in examples]
 
 
-def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examples: Sequence[Example], rows: Sequence[int], config: RegressionTrainConfig) -> list[float]:
-    """Train only the head on cached features; returns the loss of each epoch."""
+def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examples: Sequence[Example], rows: Sequence[int],
+                           config: RegressionTrainConfig, head: torch.nn.Module | None = None) -> list[float]:
+    """Train only ``head`` (default: the meter's head) on cached features, batches shuffled by ``config.seed``;
+    returns the loss of each epoch."""
+    head = meter.head if head is None else head
     target = meter.config.target
     can, value = _targets(examples, target)
     x = features[list(rows)]
     generator = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(meter.head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
     total = config.head_epochs * math.ceil(len(examples) / config.batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine_warmup(s, total, int(config.warmup_ratio * total)))
-    meter.head.train()
+    head.train()
     losses = []
     for _ in tqdm(range(config.head_epochs), desc="head epochs", disable=not config.progress):
         order = torch.randperm(len(examples), generator=generator)
         epoch_loss = 0.0
         for start in range(0, len(order), config.batch_size):
             batch = order[start : start + config.batch_size]
-            loss = meter_loss(target, meter.head(x[batch]), can[batch], value[batch], config.regression_weight)
+            loss = meter_loss(target, head(x[batch]), can[batch], value[batch], config.regression_weight)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             schedule.step()
             epoch_loss += loss.item() * len(batch)
         losses.append(epoch_loss / max(len(examples), 1))
-    meter.head.eval()
+    head.eval()
     return losses
 
 
@@ -189,8 +194,10 @@ def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples
             # boundary_features returns the reads window by window, in order: the targets follow the same order.
             targets = [example_at[(w, r)] for w, window in zip(ids, batch) for r in range(len(window.positions))]
             can, value = _targets(targets, meter.config.target)
-            loss = meter_loss(meter.config.target, meter.head(meter.boundary_features(batch)), can, value,
-                              config.regression_weight)  # fmt: skip
+            features = meter.boundary_features(batch)
+            members = head_members(meter.head)  # an ensemble: each head learns the targets, the mean loss steps
+            loss = sum(meter_loss(meter.config.target, head(features), can, value, config.regression_weight)
+                       for head in members) / len(members)  # fmt: skip
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(meter.parameters(), 1.0)
@@ -280,14 +287,25 @@ def portable_spec(spec: str, folder: Path) -> str:
 def train_regression_meter(
     meter: RegressionMeter, windows: Sequence[Window], examples: Sequence[Example], config: RegressionTrainConfig
 ) -> dict:
-    """Train ``meter`` in place and save it to ``config.output_dir``; returns a small training report."""
+    """Train ``meter`` in place and save it to ``config.output_dir``; returns a small training report.
+
+    Head k of the meter (k = 0 for a single head, 0..N−1 for an ensemble) is initialised and, on frozen features,
+    shuffled from seed ``config.seed + k``: an ensemble's heads are the single heads of seeds seed..seed+N−1. The
+    report's ``losses`` are the first head's (``head_losses`` has every head's)."""
     torch.manual_seed(config.seed)
     output = Path(config.output_dir)
+    members = head_members(meter.head)
+    for k, head in enumerate(members):
+        head.reset(config.seed + k)
+    head_losses: list[list[float]] = []
     if config.freeze_backbone:
         for p in meter.backbone.parameters():
             p.requires_grad_(False)
         features = cached_features(meter, windows, output / "features.pt", config.progress)
-        losses = train_head_on_features(meter, features, examples, _row_of(windows, examples), config)
+        rows = _row_of(windows, examples)
+        head_losses = [train_head_on_features(meter, features, examples, rows, replace(config, seed=config.seed + k), head)
+                       for k, head in enumerate(members)]  # fmt: skip
+        losses = head_losses[0]
     else:
         losses = train_end_to_end(meter, windows, examples, config)
     if config.freeze_backbone:  # the backbone is stored by its spec: make a local path work from anywhere
@@ -295,5 +313,7 @@ def train_regression_meter(
     meter.save_pretrained(output, include_backbone=not config.freeze_backbone)
     report = {"examples": len(examples), "windows": len(windows), "final_loss": losses[-1] if losses else None,
               "losses": losses, "config": asdict(config)}
+    if len(head_losses) > 1:
+        report["head_losses"] = head_losses
     (output / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

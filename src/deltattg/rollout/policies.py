@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from deltattg.envs.base import HasExpert
+from deltattg.envs.base import HasExpert, HasMistakes
 from deltattg.hf import cache_argument
 from deltattg.rollout.engine import Action, Episode
 from deltattg.rollout.prompts import PromptConfig, episode_prompt, parse_react_action
@@ -27,8 +27,10 @@ class RandomPolicy:
 
 
 class NoisyExpertPolicy:
-    """The environment's expert action; with probability ε a random admissible action instead (paper D.1's
-    "diverse policies": experts of several noise levels plus weaker models)."""
+    """The environment's expert action; with probability ε a mistake instead: a random admissible action, or, where
+    the environment lists none, its ``mistaken_action`` (BFCL, τ²: a wrong argument, the wrong tool, giving up;
+    :mod:`deltattg.envs.mistakes`). Paper D.1's "diverse policies": experts of several noise levels plus weaker
+    models."""
 
     def __init__(self, epsilon: float, seed: int = 0, name: str | None = None):
         if not 0.0 <= epsilon <= 1.0:
@@ -41,8 +43,13 @@ class NoisyExpertPolicy:
         if not isinstance(episode.env, HasExpert):
             raise TypeError(f"environment {episode.env.name!r} has no expert")
         expert = episode.env.expert_action()
-        if expert is None or (episode.admissible and self.rng.random() < self.epsilon):
+        if expert is None:
             return Action(self.rng.choice(episode.admissible) if episode.admissible else "look")
+        can_err = bool(episode.admissible) or isinstance(episode.env, HasMistakes)
+        if can_err and self.rng.random() < self.epsilon:
+            if episode.admissible:
+                return Action(self.rng.choice(episode.admissible))
+            return Action(episode.env.mistaken_action(self.rng))
         return Action(expert)
 
     def act(self, episodes: Sequence[Episode]) -> list[Action]:
