@@ -706,7 +706,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="trajectories of a pool of diverse policies in an environment",
         description="Roll out each --policy for --episodes episodes on the same tasks and pool the trajectories (the "
         "meter's training data, §3.1 / D.1). Policies: expert (planner / walkthrough / ground truth), expert:EPS "
-        "(a random admissible action with probability EPS), random, lm:MODEL (HF id, path or smollm2), vllm:MODEL "
+        "(with probability EPS a random admissible action, or on bfcl / tau2 a wrong argument, tool or early stop), "
+        "random, lm:MODEL (HF id, path or smollm2), vllm:MODEL "
         "(extra [vllm], GPU), react:MODEL (ReAct: \"Thought: ... Action: ...\", only the action is executed). Every "
         "record carries its policy's name.",
     )
@@ -749,7 +750,8 @@ def build_parser() -> argparse.ArgumentParser:
         "picking uniformly among K proposals (random selection) and picking the proposal whose next state the meter "
         "reads as cheapest, c = v if b else C (progress meter; each proposal tried in a branch of the environment). "
         "Prints success % and average steps per arm (the paper's Table 9) and the meter's share of the time. Actors: "
-        "expert:EPS (the planner with probability 1 - EPS, else a random admissible action), random, lm:MODEL, "
+        "expert:EPS (the planner with probability 1 - EPS, else a random admissible action or, on bfcl / tau2, a "
+        "mistaken call), random, lm:MODEL, "
         "react:MODEL.",
     )
     _add_environment(guide)
@@ -775,7 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
         "alfworld; the paper's Table 7 layout), per category (bfcl: base, miss_func, miss_param, long_context; "
         "--split base,miss_func,... evaluates several) or per domain (tau2). Rerunning the same command on the same --out plays only "
         "the tasks without a record (a killed run resumes); records of other settings are refused. Actors: expert "
-        "or expert:EPS (the planner / walkthrough / ground truth; with probability EPS a random admissible action), "
+        "or expert:EPS (the planner / walkthrough / ground truth; with probability EPS a random admissible action "
+        "or, on bfcl / tau2, a mistaken call), "
         "random, lm:MODEL (HF id, path, smollm2 or a checkpoint folder saved by `deltattg train`, e.g. "
         "RUN/checkpoints/step-N/actor), vllm:MODEL (extra [vllm], GPU), react:MODEL (ReAct: a thought, then the "
         "action executed), reflexion:MODEL (ReAct with up to 3 trials per task, a self-reflection after each failure).",

@@ -1,7 +1,7 @@
 """``deltattg collect``: trajectories of a pool of diverse policies (paper §3.1, D.1), in the core JSONL format.
 
 Policy specs: ``expert`` (the environment's planner / walkthrough / ground truth), ``expert:EPS`` (with probability
-EPS a random admissible action instead), ``random``, ``lm:MODEL`` (an HF causal LM: id, path or ``smollm2``),
+EPS a mistake instead: a random admissible action, or on BFCL / τ² a wrong argument, the wrong tool or an early stop), ``random``, ``lm:MODEL`` (an HF causal LM: id, path or ``smollm2``),
 ``vllm:MODEL`` (the same through a vLLM engine, extra ``[vllm]``, GPU), ``react:MODEL`` (the HF LM prompted for
 "Thought: ... Action: ...": the environment runs only the action, the record keeps the whole reply) and, for
 ``deltattg evaluate`` only (``parse_policy(..., trials=True)``), ``reflexion:MODEL`` (``rollout.reflexion``: up to 3
