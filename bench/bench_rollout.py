@@ -81,7 +81,7 @@ class OutputLogitsPolicy(LMPolicy):
     """The reference peer: log-probs from generate's stored logits of every step, as ``LMPolicy`` took them before
     issue 12 item 7 (``[rows, tokens, vocabulary]`` fp32 kept until the end)."""
 
-    def sample(self, input_ids, attention, cache, pad):
+    def sample(self, input_ids, attention, cache, pad, keep_cache=False):
         s = self.sampling
         greedy = s.temperature <= 0
         out = self.model.generate(
@@ -92,7 +92,7 @@ class OutputLogitsPolicy(LMPolicy):
         )  # fmt: skip
         generated = out.sequences[:, input_ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1).float() / (1.0 if greedy else s.temperature)
-        return generated, torch.log_softmax(logits, dim=-1).gather(-1, generated[..., None])[..., 0]
+        return generated, torch.log_softmax(logits, dim=-1).gather(-1, generated[..., None])[..., 0], None
 
 
 MEMORY_PEERS = {"output-logits": OutputLogitsPolicy, "on-the-fly": LMPolicy}

@@ -89,3 +89,69 @@ def test_expert_wins_and_random_mostly_fails():
         if dirty.success:
             assert dirty.num_steps >= clean.num_steps
     assert sum(d.num_steps for d in noisy) > sum(c.num_steps for c in experts)
+
+
+def prefilled_tokens(model) -> list[int]:
+    """A list that records how many input positions each forward pass of ``model`` reads."""
+    seen: list[int] = []
+    model.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    return seen
+
+
+def test_prefix_cache_plays_the_same_greedy_episodes_and_prefills_only_what_is_new(lm_policy):
+    """Greedy rollouts with ``prefix_cache`` equal those without it, their log-probs still match a fresh forward pass,
+    and a later turn is prefilled only past the prefix it shares with the cached conversation."""
+    tokenizer = lm_policy.tokenizer
+    model = tiny_llama(tokenizer, hidden=64, layers=2, heads=2, seed=1).eval()
+    tasks = make_env().tasks("valid_seen")[:3]
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    plain = run_episodes(make_env, tasks, LMPolicy(model, tokenizer, sampling), max_turns=3)
+    cached_policy = LMPolicy(model, tokenizer, SamplingConfig(temperature=0.0, max_new_tokens=6, prefix_cache=4))
+    reads = prefilled_tokens(model)
+    cached = run_episodes(make_env, tasks, cached_policy, max_turns=3)
+    assert [t.messages for t in cached] == [t.messages for t in plain]
+    for traj in cached:
+        for step in traj.steps:
+            ids = torch.tensor([step.prompt_ids + step.token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(step.prompt_ids) - 1 : -1]
+            fresh = torch.log_softmax(logits, -1).gather(-1, torch.tensor(step.token_ids)[:, None])[:, 0]
+            assert fresh.tolist() == pytest.approx(step.logprobs, abs=1e-4)
+    # a prompt extending a cached conversation: only what follows the cached tokens is prefilled
+    policy = LMPolicy(model, tokenizer, SamplingConfig(temperature=0.0, max_new_tokens=5, prefix_cache=2))
+    policy.eos_ids = [-1]  # never stop early: the reply has all 5 tokens
+    first = policy.generate([list(range(7, 30))])[0]
+    follow_up = list(range(7, 30)) + first.token_ids + [31, 32, 33]
+    reads.clear()
+    again = policy.generate([follow_up])[0]
+    assert reads[0] == len(follow_up) - (23 + 5 - 1)  # the cache held the prompt and all but the last reply token
+    plain_policy = LMPolicy(model, tokenizer, SamplingConfig(temperature=0.0, max_new_tokens=5))
+    plain_policy.eos_ids = [-1]
+    assert again.token_ids == plain_policy.generate([follow_up])[0].token_ids
+
+
+def test_prefix_cache_finds_the_longest_shared_prefix_and_keeps_the_most_recent():
+    from deltattg.rollout.policies import PrefixCache, common_prefix
+
+    class Cache:  # the two calls PrefixCache makes of a transformers cache
+        def __init__(self, n):
+            self.n = n
+
+        def get_seq_length(self):
+            return self.n
+
+        def crop(self, delta):
+            assert delta <= 0
+            self.n += delta
+
+    cache = PrefixCache(size=2)
+    cache.store([1, 2, 3, 4], Cache(4))
+    cache.store([1, 2, 9], Cache(3))
+    found, length = cache.lookup([1, 2, 3, 4, 5, 6])
+    assert length == 4 and found.n == 4
+    found, length = cache.lookup([1, 2, 3])  # the prompt's last token is always left for generate to read
+    assert length == 2 and found.n == 2
+    assert cache.lookup([7, 8]) == (None, 0)
+    cache.store([5, 6], Cache(2))  # [1, 2, 9] was used least recently: dropped
+    assert list(cache.entries) == [(1, 2, 3, 4), (5, 6)]
+    assert common_prefix([1, 2, 3], [1, 2]) == 2 and common_prefix([], [1]) == 0

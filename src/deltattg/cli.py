@@ -125,6 +125,11 @@ def _add_rollout(parser: argparse.ArgumentParser, max_new_tokens: int, seed_help
     parser.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6), default=max_new_tokens,
                         help="lm actors: tokens per action, default %(default)s")
     parser.add_argument("--seed", type=seed_int, default=0, help=seed_help)
+    parser.add_argument("--prefix-cache", type=number(int, low=0, high=10**4), default=SamplingConfig.prefix_cache,
+                        metavar="N", help="in-process lm actors: generate one prompt at a time, keeping the key/values "
+                        "of the N most recent conversations so a prompt is prefilled only past the prefix it shares "
+                        "with one (the next turn; the same system prompt). Worth it on CPU with long prompts (bfcl, "
+                        "tau2); 0 (default): batched, no reuse")
 
 
 def _environment(args: argparse.Namespace, splits: Sequence[str]) -> tuple:
@@ -349,7 +354,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         if repeated:
             raise ValueError(f"--policy {', '.join(repeated)} given more than once (trajectory ids would repeat)")
         make_env, _, _ = _environment(args, [split])
-        sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+        sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                  prefix_cache=args.prefix_cache)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     tokenizer = _tokenizer(args.tokenizer)
@@ -411,7 +417,8 @@ def cmd_guide(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     meter = _meter(args)
     tasks = choose_tasks(tasks, args.episodes, 1, args.seed)
-    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              prefix_cache=args.prefix_cache)
     prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
     if spec.kind in ("expert", "random"):  # stateful: every arm starts a fresh one from the same seed
         def make_actor():
@@ -465,7 +472,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     settings = EvalSettings(env=args.env, short=args.short, split=",".join(splits), actor=spec.name, seed=args.seed,
                             max_turns=args.max_turns, temperature=args.temperature if model else None,
                             max_new_tokens=args.max_new_tokens if model else None)  # fmt: skip
-    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              prefix_cache=args.prefix_cache)
     prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
 
     def make_policy():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +68,7 @@ class SamplingConfig:
     batch_size: int = 64
     max_prompt_tokens: int | None = None
     share_prompts: bool = True  # prefill each distinct prompt of a batch once (``shared_prefill``)
+    prefix_cache: int = 0  # > 0: one prompt at a time, reusing the key/values of this many recent conversations
 
 
 class ChatPolicy:
@@ -126,33 +129,59 @@ class LMPolicy(ChatPolicy):
         super().__init__(tokenizer, sampling, prompt, name)
         self.model = model
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.prefixes = PrefixCache(sampling.prefix_cache) if sampling.prefix_cache > 0 else None
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> list[Action]:
         """Sample one response per prompt (left-padded batch); cut each at its first end-of-turn token (kept). Each
-        distinct prompt is read once (``shared_prefill``): the G rollouts of a task start from one prompt."""
+        distinct prompt is read once (``shared_prefill``): the G rollouts of a task start from one prompt. With
+        ``sampling.prefix_cache`` the prompts go one at a time instead, each prefilled only past the longest prefix
+        it shares with a recent conversation (:class:`PrefixCache`)."""
+        if self.prefixes is not None:
+            return [self.generate_reusing_prefix(prompt) for prompt in prompts]
         s = self.sampling
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        pad = self.pad_id
         width = max(len(p) for p in prompts)
         device = next(self.model.parameters()).device
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         cache = shared_prefill(self.model, prompts, input_ids, attention) if s.share_prompts else {}
-        generated, logprobs = self.sample(input_ids, attention, cache, pad)
-        actions = []
-        for row, prompt in enumerate(prompts):
-            ids = generated[row].tolist()
-            length = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
-            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
-            actions.append(Action(text, ids[:length], logprobs[row, :length].tolist(), list(prompt)))
-        return actions
+        generated, logprobs, _ = self.sample(input_ids, attention, cache, pad)
+        return [self.action(prompt, generated[row], logprobs[row]) for row, prompt in enumerate(prompts)]
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    def action(self, prompt: list[int], generated: torch.Tensor, logprobs: torch.Tensor) -> Action:
+        """One row's reply, cut after its first end-of-turn token (kept)."""
+        ids = generated.tolist()
+        length = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
+        text = self.tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
+        return Action(text, ids[:length], logprobs[:length].tolist(), list(prompt))
+
+    def generate_reusing_prefix(self, prompt: list[int]) -> Action:
+        """One reply to ``prompt``, prefilled only past its longest shared prefix with a cached conversation; the
+        conversation (prompt + reply) is cached for the next turn."""
+        assert self.prefixes is not None
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([prompt], device=device)
+        cache, _ = self.prefixes.lookup(prompt)
+        name = cache_argument(self.model)
+        generated, logprobs, kept = self.sample(input_ids, torch.ones_like(input_ids), {name: cache} if cache else {},
+                                                self.pad_id, keep_cache=True)  # fmt: skip
+        seen = [*prompt, *generated[0].tolist()]
+        self.prefixes.store(seen[: kept.get_seq_length()], kept)
+        return self.action(prompt, generated[0], logprobs[0])
 
     def sample(
-        self, input_ids: torch.Tensor, attention: torch.Tensor, cache: dict[str, Any], pad: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, input_ids: torch.Tensor, attention: torch.Tensor, cache: dict[str, Any], pad: int,
+        keep_cache: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:  # fmt: skip
         """``generate`` over a left-padded batch: the new token ids and their log-probs, both ``[rows, new tokens]``
-        (rows that ended early continue with ``pad``). The log-probs are taken step by step
-        (:class:`SampledLogprobs`), so no more than one step's ``[rows, vocabulary]`` distribution is kept."""
+        (rows that ended early continue with ``pad``), and with ``keep_cache`` the key/value cache it ended with
+        (else None). The log-probs are taken step by step (:class:`SampledLogprobs`), so no more than one step's
+        ``[rows, vocabulary]`` distribution is kept."""
         s = self.sampling
         greedy = s.temperature <= 0
         recorder = SampledLogprobs(1.0 if greedy else s.temperature)
@@ -168,9 +197,51 @@ class LMPolicy(ChatPolicy):
             pad_token_id=pad,
             eos_token_id=self.eos_ids,
             logits_processor=[recorder],
+            return_dict_in_generate=keep_cache,
         )
-        generated = out[:, input_ids.shape[1] :]
-        return generated, recorder.logprobs(generated)
+        sequences = out.sequences if keep_cache else out
+        generated = sequences[:, input_ids.shape[1] :]
+        return generated, recorder.logprobs(generated), getattr(out, cache_argument(self.model)) if keep_cache else None
+
+
+class PrefixCache:
+    """Key/value caches of the ``size`` most recently generated conversations (prompt and reply), so that a prompt
+    extending one of them — the next turn of the same episode, or another episode with the same system prompt — is
+    prefilled only past the shared prefix: prefix caching, as vLLM does on a server, for in-process HF actors on CPU,
+    where a BFCL or τ² prompt of 6,000 tokens would otherwise be read again at every turn."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[Any, int]:
+        """A copy of the cache sharing the longest prefix with ``prompt``, cropped to that prefix (at most all but
+        the prompt's last token, which ``generate`` must read), and its length; ``(None, 0)`` when none shares any."""
+        best, length = None, 0
+        for ids in self.entries:
+            shared = common_prefix(ids, prompt)
+            if shared > length:
+                best, length = ids, shared
+        length = min(length, len(prompt) - 1)
+        if best is None or length <= 0:
+            return None, 0
+        self.entries.move_to_end(best)
+        cache = copy.deepcopy(self.entries[best])
+        cache.crop(length - cache.get_seq_length())
+        return cache, length
+
+    def store(self, ids: Sequence[int], cache: Any) -> None:
+        """Keep ``cache`` (the key/values of ``ids``), dropping the least recently used beyond ``size``."""
+        self.entries[tuple(ids)] = cache
+        self.entries.move_to_end(tuple(ids))
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    return next((k for k in range(n) if a[k] != b[k]), n)
 
 
 class SampledLogprobs:
