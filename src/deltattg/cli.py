@@ -337,6 +337,42 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_meter(args: argparse.Namespace) -> int:
+    """Completion accuracy and TTG rank correlation of a meter on labelled trajectories (and its agreement with a
+    reference meter on the same states)."""
+    import json
+
+    from deltattg.data.jsonl import atomic_output
+    from deltattg.data.tokens import resolve_step_tokens
+    from deltattg.meter.fit import agreement, meter_fit
+    from deltattg.meter.loading import load_meter
+
+    _check_out(args.json, args.data, args.cache)
+    items = _read(args.data, args.skip_invalid)
+    tokenizer = _tokenizer(args.tokenizer)
+    trajectories = []
+    for item in items:
+        try:
+            item.trajectory.step_tokens = resolve_step_tokens(item.trajectory, tokenizer)
+        except InputError as exc:
+            raise exc.located(path=item.path, line=item.line) from None
+        trajectories.append(item.trajectory)
+    meter = _meter(args)
+    fit = meter_fit(meter, trajectories)
+    results = {"meter": args.meter, "data": args.data, "trajectories": len(trajectories), **fit.as_dict()}
+    print(f"{args.meter} on {len(trajectories)} trajectories of {args.data}: {fit.completion_accuracy:.1%} completion "
+          f"accuracy, Spearman {fit.spearman:.3f} of predicted vs true TTG ({len(fit.success)} states)")
+    if args.reference:
+        agree = agreement(meter, load_meter(args.reference, tokenizer=args.tokenizer), trajectories)
+        results["reference"] = {"meter": args.reference, **agree.as_dict()}
+        print(f"against {args.reference}: b agrees on {agree.completion_agreement:.1%} of {agree.states} states, "
+              f"Spearman {agree.ttg_spearman:.3f} of the two meters' TTG")
+    if args.json:
+        with atomic_output(args.json) as handle:
+            json.dump(results, handle, indent=2)
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     """Roll out a pool of policies in an environment and write their trajectories."""
     from deltattg.data.jsonl import write_jsonl
@@ -686,6 +722,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenizer(score)
     _add_skip_invalid(score)
     score.set_defaults(func=cmd_score)
+
+    eval_meter = sub.add_parser(
+        "eval-meter",
+        help="completion accuracy and TTG rank correlation of a meter on held-out trajectories",
+        description="Read every nonterminal decision state of DATA's trajectories with --meter and compare with the "
+        "labels (Eq. 1-2): completion accuracy (b against the trajectory's outcome) and Spearman's rho of predicted "
+        "against true Token-to-Go on the successful trajectories' states. With --reference (a meter folder, e.g. one "
+        "trained in DATA's own domain): how often the two meters' b agree and the Spearman of their TTG, state by "
+        "state (cross-domain transfer, paper 5.3).",
+    )
+    eval_meter.add_argument("data", help="trajectory JSONL with outcomes (collect's output)")
+    eval_meter.add_argument("--reference", help="a second meter read on the same states")
+    eval_meter.add_argument("--json", help="also write the numbers as JSON here")
+    add_meter_source(eval_meter)
+    _add_tokenizer(eval_meter)
+    _add_skip_invalid(eval_meter)
+    eval_meter.set_defaults(func=cmd_eval_meter)
 
     eval_steps = sub.add_parser(
         "eval-steps",

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
@@ -29,13 +28,13 @@ from deltattg.credit import CreditConfig
 from deltattg.inspection import CreditArm, Inspection, inspect_credit
 from deltattg.meter.oracle import OracleMeter
 from deltattg.data.jsonl import write_jsonl
-from deltattg.data.labels import remaining_sums
 from deltattg.data.sources import Located
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import MeterOutput, Trajectory
 from deltattg.demo.config import ACTOR_IN_POOL, DemoConfig
 from deltattg.envs.base import Environment, Task
 from deltattg.guidance import GuidanceRow, compare_guidance
+from deltattg.meter.fit import MeterFit, meter_fit
 from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
 from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
@@ -198,70 +197,6 @@ def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenize
                                      lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume
                                      seed=config.seed, progress=False)  # fmt: skip
     return train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
-
-
-@dataclass
-class MeterFit:
-    """The meter on held-out trajectories, every nonterminal decision state: truth and reading."""
-
-    success: list[bool]  # the trajectory's outcome (b of Eq. 2)
-    true_ttg: list[float]  # Eq. 1 (meaningful where success)
-    predicted_can: list[bool]  # b̂
-    predicted_ttg: list[float | None]  # v̂ (the regression meter gives it where b̂ = 0 too; None where a meter does not)
-
-    @property
-    def completion_accuracy(self) -> float:
-        return mean([p == s for p, s in zip(self.predicted_can, self.success)])
-
-    def confusion(self) -> dict[tuple[bool, bool], int]:
-        """States counted by (the trajectory succeeded, the meter predicted b̂ = 1)."""
-        out = {(s, p): 0 for s in (True, False) for p in (True, False)}
-        for s, p in zip(self.success, self.predicted_can):
-            out[s, p] += 1
-        return out
-
-    def successful_pairs(self) -> tuple[list[float], list[float]]:
-        """(true, predicted) TTG of the successful trajectories' states (v̂ whatever b̂ says)."""
-        pairs = [(t, p) for s, t, p in zip(self.success, self.true_ttg, self.predicted_ttg) if s and p is not None]
-        return [t for t, _ in pairs], [p for _, p in pairs]
-
-    @property
-    def spearman(self) -> float:
-        """Spearman's rank correlation of true and predicted TTG on the successful trajectories' states (tied values
-        share their mean rank); NaN where it is undefined."""
-        true, predicted = self.successful_pairs()
-        if len(true) < 3 or len(set(true)) < 2 or len(set(predicted)) < 2:
-            return float("nan")  # undefined for fewer than three pairs or a constant side
-        return float(np.corrcoef(average_ranks(true), average_ranks(predicted))[0, 1])
-
-    @property
-    def mean_absolute_error(self) -> float:
-        true, predicted = self.successful_pairs()
-        return mean([abs(t - p) for t, p in zip(true, predicted)])
-
-
-def average_ranks(values: Sequence[float]) -> np.ndarray:
-    """Ranks 0..n−1 of ``values``, ties given the mean of the ranks they span."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    _, tie, counts = np.unique(np.asarray(values), return_inverse=True, return_counts=True)
-    return (np.bincount(tie, weights=ranks) / counts)[tie]
-
-
-def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
-    """The meter's reading of every nonterminal decision state of ``trajectories``, next to its labels."""
-    readings, _ = read_states(meter, trajectories)
-    fit = MeterFit([], [], [], [])
-    for trajectory, row in zip(trajectories, readings):
-        for ttg, reading in zip(remaining_sums(trajectory.step_tokens or []), row):
-            if reading is None:
-                continue
-            fit.success.append(trajectory.success)
-            fit.true_ttg.append(float(ttg))
-            fit.predicted_can.append(bool(reading.can_complete))
-            fit.predicted_ttg.append(reading.tokens_to_go)
-    return fit
 
 
 # ---- stage 4: RL with GRPO and DeltaTTG ------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from deltattg.demo.pipeline import DemoResult, GuidanceRow, MeterFit
+from deltattg.demo.pipeline import DemoResult, GuidanceRow
+from deltattg.meter.fit import MeterFit
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 

@@ -1,0 +1,56 @@
+"""Meter fit and agreement (``deltattg eval-meter``): the household oracle on noiseless expert trajectories reads the
+labels exactly, and a flipped oracle disagrees with the plain one on every b̂ while ranking TTG the same."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import collect_household, save_household_tokenizer
+from deltattg.cli import main
+from deltattg.meter.fit import spearman
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "rho"),
+    [([1, 2, 3, 4], [10, 20, 30, 40], 1.0), ([1, 2, 3, 4], [4, 3, 2, 1], -1.0), ([1, 2, 2, 3], [1, 2, 2, 3], 1.0),
+     ([1, 2, 3], [1, 3, 2], 0.5)],
+)  # fmt: skip
+def test_spearman_ranks_with_ties(a, b, rho):
+    assert spearman(a, b) == pytest.approx(rho)
+
+
+def test_spearman_is_undefined_for_constant_or_short_inputs():
+    assert math.isnan(spearman([1, 2], [1, 2])) and math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_eval_meter_on_expert_trajectories_and_against_a_reference(tmp_path, capsys):
+    tokenizer = str(save_household_tokenizer(tmp_path / "tok"))
+    pool = collect_household(tmp_path / "pool.jsonl", ["expert"], 12, "--tokenizer", tokenizer)
+    out = tmp_path / "fit.json"
+    assert main(["eval-meter", str(pool), "--meter", "oracle", "--tokenizer", tokenizer, "--json", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    fit = json.loads(out.read_text())
+    assert fit["trajectories"] == 12 and fit["states"] > 50
+    assert fit["completion_accuracy"] == 1.0 and fit["ttg_spearman"] == pytest.approx(1.0)
+    assert fit["ttg_mean_absolute_error"] == 0.0
+    assert "100.0% completion accuracy" in capsys.readouterr().out
+    assert main(["eval-meter", str(pool), "--meter", "oracle", "--oracle-flip", "1", "--reference", "oracle",
+                 "--tokenizer", tokenizer, "--json", str(out), "--no-progress"]) == 0  # fmt: skip
+    flipped = json.loads(out.read_text())
+    assert flipped["completion_accuracy"] == 0.0
+    assert flipped["reference"]["completion_agreement"] == 0.0 and flipped["reference"]["states"] == fit["states"]
+    assert flipped["reference"]["ttg_spearman"] == pytest.approx(1.0)
+
+
+def test_eval_meter_refuses_records_without_token_counts(tmp_path, capsys):
+    pool = collect_household(tmp_path / "pool.jsonl", ["expert"], 2)
+    records = [json.loads(line) for line in pool.read_text().splitlines()]
+    for record in records:
+        record.pop("step_tokens", None)
+    pool.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["eval-meter", str(pool), "--meter", "oracle", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert f"{pool}:1" in error and "step_tokens" in error and "--tokenizer" in error
