@@ -87,3 +87,57 @@ def test_bad_options_exit_2_and_write_nothing(change, tokenizer, tmp_path, capsy
     assert exit_info.value.code == 2
     assert not out.exists() and list(tmp_path.iterdir()) == []
     assert capsys.readouterr().out == ""
+
+
+class AvoidingMeter:
+    """A scripted meter: a history whose last observation names ``avoid`` cannot be completed (cost C); otherwise the
+    remaining work is read as the length of that observation."""
+
+    meter_id = "avoiding"
+
+    def __init__(self, avoid: str):
+        self.avoid = avoid
+
+    def score(self, histories):
+        from deltattg.data.trajectory import MeterOutput
+
+        return [MeterOutput(can_complete=self.avoid not in h[-1]["content"],
+                            tokens_to_go=float(len(h[-1]["content"]))) for h in histories]  # fmt: skip
+
+
+class Proposals:
+    """An actor that proposes, for every episode, a wrong call first, then the environment's expert action."""
+
+    name = "proposals"
+
+    def __init__(self, wrong: str):
+        self.wrong = wrong
+
+    def act(self, episodes):
+        from deltattg.rollout.engine import Action
+
+        return [Action(self.wrong) if k % 2 == 0 else Action(e.env.expert_action()) for k, e in enumerate(episodes)]
+
+
+def test_guidance_on_bfcl_tries_candidates_in_replayed_branches():
+    """BFCL cannot snapshot: each candidate runs in a replay of the episode and the main environment only ever runs
+    the chosen action. The rejected candidate creates a folder at every step; had one leaked into the main
+    environment, BFCL's checker would fail the episode on the stray folder."""
+    pytest.importorskip("bfcl_eval")
+    from deltattg.rollout.engine import run_episodes
+
+    make_env = env_factory("bfcl")
+    task = make_env().tasks("base")[0]
+    guided = GuidedPolicy(Proposals("[mkdir(dir_name='stray')]"), AvoidingMeter("stray"), candidates=2,
+                          make_env=make_env)  # fmt: skip
+    [trajectory] = run_episodes(make_env, [task], guided, max_turns=40)
+    assert trajectory.success
+    assert all("stray" not in m["content"] for m in trajectory.messages if m["role"] == "assistant")
+    assert guided.meter_seconds > 0.0
+    # the same candidate chosen instead fails the checker: the test would see a leak
+    env = make_env()
+    env.reset(task)
+    env.step("[mkdir(dir_name='stray')]")
+    while not (result := env.step(env.expert_action())).done:
+        pass
+    assert not result.won
