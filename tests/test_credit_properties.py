@@ -146,3 +146,18 @@ def test_zero_advantage_trajectories_are_not_queried(data):
     _, again = run("deltattg", (rewards, successes, groups, tokens, blanked, config))
     assert torch.equal(credit.step_weights, again.step_weights)
     assert torch.equal(credit.fallback, again.fallback)
+
+
+def test_a_subnormal_progress_difference_keeps_the_unit_token_mean():
+    """Found by hypothesis: a score of −1.18e-38 (float32's smallest normal) before a token-less last step made
+    Σ n·q vanish, w⁰ of the token-less step overflow to inf and B_M give the first step 0 (token mean 0.25)."""
+    from deltattg.data.trajectory import MeterOutput
+
+    def reading(score: float = 0.0) -> MeterOutput:
+        return MeterOutput(can_complete=False, tokens_to_go=None, logit=0.0, score=score)
+
+    data = ([1.0, 0.0], [True, False], ["g", "g"], [[3, 1, 0], [1]],
+            [[reading(), reading(-1.1754943508222875e-38), reading()], [reading()]],
+            CreditConfig(rho=0.0, cap=1.0, failure_cost=1.0))  # fmt: skip
+    _, credit = run("value", data)
+    assert credit.step_weights[0].tolist() == [1.0, 1.0, 1.0]

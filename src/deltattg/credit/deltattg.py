@@ -117,8 +117,11 @@ def bounded_token_normalization(shares: Tensor, step_tokens: Tensor, cap: float)
     w⁰_t = N·q_t / Σ_s n_s q_s with N = Σ_s n_s; multipliers above M are cut to M and the excess E is given to the
     steps below the cap in proportion to their remaining capacity M − w⁰. One pass is exact: the capacity is at
     least E whenever M ≥ 1, so nobody is pushed over the cap (λ = E / capacity ≤ 1). A trajectory without tokens,
-    or whose shares sit only on token-less steps, gets multipliers of 1.
+    or whose shares sit only on token-less steps, gets multipliers of 1. Computed in float64: a float32 share on a
+    token-less step over a vanishing Σ n·q (a subnormal progress difference) would overflow w⁰ to inf.
     """
+    dtype = shares.dtype
+    shares = shares.double()
     tokens = step_tokens.to(shares.dtype)
     total_tokens = tokens.sum(dim=1, keepdim=True)
     mass = (tokens * shares).sum(dim=1, keepdim=True)
@@ -129,7 +132,7 @@ def bounded_token_normalization(shares: Tensor, step_tokens: Tensor, cap: float)
     capacity = (tokens * (cap - w0) * below).sum(dim=1, keepdim=True)
     lam = torch.where(capacity > 0, excess / torch.where(capacity > 0, capacity, torch.ones_like(capacity)), 0.0)
     weights = torch.where(below, w0 + lam * (cap - w0), torch.full_like(w0, cap))
-    return torch.where(degenerate, torch.ones_like(weights), weights)
+    return torch.where(degenerate, torch.ones_like(weights), weights).to(dtype)
 
 
 @dataclass(frozen=True)
