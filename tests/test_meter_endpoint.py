@@ -85,10 +85,18 @@ class Handler(BaseHTTPRequestHandler):
             fake.attempts[case] += 1  # counted under the prompt's case, answered as the forced one if any
             attempt = fake.attempts[case]
             fake.requests.append((dict(self.headers), body))
+        self.reply(fake.force or case, int(answer), attempt, fake.broken)
+
+    def work(self, seconds: float) -> None:
+        """The server's work on one request, counted in flight. Counting ends before the answer is written: a client
+        that has read it may send its next request before this thread would count down, which a busy machine shows
+        as one request too many."""
+        fake = self.server
+        with fake.lock:
             fake.in_flight += 1
             fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
         try:
-            self.reply(fake.force or case, int(answer), attempt, fake.broken)
+            time.sleep(seconds)
         finally:
             with fake.lock:
                 fake.in_flight -= 1
@@ -119,7 +127,7 @@ class Handler(BaseHTTPRequestHandler):
         if case == "drop-then-ok" and attempt == 1:
             return  # close the connection without a word
         if case == "delay":
-            time.sleep(answer / 1000)
+            self.work(answer / 1000)
         if case == "garbage":
             return self.send(200, b"<html>502 Bad Gateway</html>")
         if case == "no-choices":
