@@ -358,12 +358,13 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
             raise exc.located(path=item.path, line=item.line) from None
         trajectories.append(item.trajectory)
     meter = _meter(args)
+    reference = load_meter(args.reference, tokenizer=args.tokenizer) if args.reference else None  # refused up front
     fit = meter_fit(meter, trajectories)
     results = {"meter": args.meter, "data": args.data, "trajectories": len(trajectories), **fit.as_dict()}
     print(f"{args.meter} on {len(trajectories)} trajectories of {args.data}: {fit.completion_accuracy:.1%} completion "
           f"accuracy, Spearman {fit.spearman:.3f} of predicted vs true TTG ({len(fit.success)} states)")
-    if args.reference:
-        agree = agreement(meter, load_meter(args.reference, tokenizer=args.tokenizer), trajectories)
+    if reference is not None:
+        agree = agreement(meter, reference, trajectories)
         results["reference"] = {"meter": args.reference, **agree.as_dict()}
         print(f"against {args.reference}: b agrees on {agree.completion_agreement:.1%} of {agree.states} states, "
               f"Spearman {agree.ttg_spearman:.3f} of the two meters' TTG")
