@@ -7,7 +7,7 @@ import torch
 
 from deltattg.data.trajectory import MeterOutput
 from deltattg.envs.household import HouseholdConfig, HouseholdEnv, vocabulary
-from deltattg.guidance import GuidedPolicy, pick_lowest_cost, try_action
+from deltattg.guidance import Branches, GuidedPolicy, pick_lowest_cost, try_action
 from deltattg.meter.step_quality import state_cost
 from deltattg.rollout.engine import run_episodes, start_episode
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
@@ -55,10 +55,30 @@ def test_branches_do_not_move_the_episode(make_env):
     env = make_env()
     episode = start_episode(env, env.tasks("train")[0], 0)
     action = env.admissible_actions()[0]
-    seen = try_action(episode, action, make_env)
+    seen = try_action(episode, action, Branches(make_env))
     assert isinstance(seen, str) and seen
     # The main environment is where it was: the same action now gives the same observation.
     assert env.step(action).observation == seen
+
+
+def test_a_branch_environment_is_reused_and_replayed_from_the_start():
+    made = []
+
+    def make_env():
+        made.append(ReplayOnly())
+        return made[-1]
+
+    env = make_env()
+    episode = start_episode(env, env.tasks("train")[0], 0)
+    branches = Branches(make_env)
+    first, second = env.admissible_actions()[:2]
+    alone = [try_action(episode, a, Branches(lambda: ReplayOnly())) for a in (first, second)]
+    # the second candidate runs in the environment the first one moved, yet sees the episode's state, not the first's
+    assert [try_action(episode, a, branches) for a in (first, second)] == alone
+    episode.history.append((first, env.step(first).observation))
+    after = try_action(episode, second, branches)
+    assert len(made) == 2  # the episode's own environment and one branch environment for the task
+    assert after == env.step(second).observation  # the branch replayed the episode's first action
 
 
 def test_meter_guided_choice_is_the_lowest_predicted_cost(actor):

@@ -19,9 +19,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from deltattg.envs.base import Branchable, Environment, replay
+from deltattg.envs.base import Branchable, Environment, replay_on
 from deltattg.meter.base import Meter
 from deltattg.meter.step_quality import state_cost
 from deltattg.data.trajectory import MeterOutput, Trajectory
@@ -30,7 +30,24 @@ from deltattg.rollout.engine import Action, Episode, Policy, provenance, run_epi
 GUIDANCE_FAILURE_COST = 25600.0  # E.5
 
 
-def try_action(episode: Episode, action: str, make_env: Callable[[], Environment] | None) -> str:
+@dataclass
+class Branches:
+    """Environments to try candidate actions in, off the main episode: one per task, made by ``make_env`` on first
+    use and reset for every replay (on ALFWorld, loading a game costs more than replaying a few steps of it)."""
+
+    make_env: Callable[[], Environment]
+    envs: dict[str, Environment] = field(default_factory=dict)
+
+    def at(self, episode: Episode) -> Environment:
+        """An environment in the state the episode has reached (its actions replayed)."""
+        env = self.envs.get(episode.task.id)
+        if env is None:
+            env = self.envs[episode.task.id] = self.make_env()
+        replay_on(env, episode.task, [a for a, _ in episode.history])
+        return env
+
+
+def try_action(episode: Episode, action: str, branches: Branches | None) -> str:
     """The observation ``action`` would produce, without advancing the episode's environment."""
     env = episode.env
     if isinstance(env, Branchable):
@@ -39,10 +56,9 @@ def try_action(episode: Episode, action: str, make_env: Callable[[], Environment
             return env.step(action).observation
         finally:
             env.restore(state)
-    if make_env is None:
+    if branches is None:
         raise ValueError(f"{env.name} cannot snapshot its state: pass make_env so branches can replay the episode")
-    branch, _ = replay(make_env, episode.task, [a for a, _ in episode.history])
-    return branch.step(action).observation
+    return branches.at(episode).step(action).observation
 
 
 def distinct(texts: Sequence[str]) -> list[str]:
@@ -79,6 +95,7 @@ class GuidedPolicy:
         self.name = f"{self.actor.name}+{self.select}-of-{self.candidates}"
         self.rng = random.Random(self.seed)
         self.meter_seconds = 0.0
+        self.branches = Branches(self.make_env) if self.make_env is not None else None
 
     def read(self, branches: Sequence[tuple[Episode, list[dict]]]) -> list[MeterOutput | None]:
         """The meter's reading of each branch's last state (the history after its candidate action)."""
@@ -103,7 +120,7 @@ class GuidedPolicy:
         for k, (episode, options) in enumerate(zip(episodes, per_episode)):
             commands = {a.text: a.command for a in options}  # a ReAct reply: the environment runs its action
             for text in distinct([a.text for a in options]):
-                observation = try_action(episode, commands[text], self.make_env)
+                observation = try_action(episode, commands[text], self.branches)
                 branches.append((episode, episode.messages + [{"role": "assistant", "content": text},
                                                               {"role": "user", "content": observation}]))
                 owners.append((k, text))

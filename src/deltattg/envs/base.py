@@ -120,8 +120,14 @@ def reference_answer(env: Environment, task: Task) -> str | None:
 def replay(make_env: Callable[[], Environment], task: Task, actions: Sequence[str]) -> tuple[Environment, StepResult | None]:
     """A fresh environment at the state reached by ``actions`` from ``task``'s start (E.5 replays), and the last result."""
     env = make_env()
+    return env, replay_on(env, task, actions)
+
+
+def replay_on(env: Environment, task: Task, actions: Sequence[str]) -> StepResult | None:
+    """Reset ``env`` to ``task`` and take ``actions``; the last result (None when there are none). Re-using one
+    environment per task keeps its game loaded (an ALFWorld reset of the loaded game skips the game load)."""
     env.reset(task)
     last = None
     for action in actions:
         last = env.step(action)
-    return env, last
+    return last
