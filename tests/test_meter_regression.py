@@ -10,7 +10,8 @@ from transformers import LlamaConfig, LlamaModel
 
 from conftest import make_tiny_tokenizer
 from deltattg.data.labels import remaining_sums
-from deltattg.meter.regression import RegressionConfig, RegressionMeter, decision_blocks, plan_windows
+from deltattg.meter.regression import (RegressionConfig, RegressionMeter, decision_blocks, plan_windows,
+                                       shared_prefix_groups)
 from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 
 WORDS = "system user assistant tool goal go to take put the mug cup done next action interaction history of an agent".split()
@@ -54,6 +55,24 @@ def test_one_pass_equals_prefix_by_prefix(max_length, pooling):
         assert [r.logit for r in readings] == pytest.approx([r.logit for r in single], abs=1e-4)
     if max_length == 40:  # the long trajectory needed several windows, yet still agrees
         assert len(meter.windows(trajectories[0])) > 1
+
+
+@pytest.mark.parametrize("pooling,layer,max_length", [("last", None, 512), ("last+mean", None, 512),
+                                                     ("last+mean", 1, 512), ("last", None, 60)])
+def test_candidates_sharing_a_history_read_as_each_alone(pooling, layer, max_length):
+    meter = tiny_meter(max_length, seed=4, pooling=pooling, layer=layer)
+    base = episode(4, 3, random.Random(2))
+    candidates = [[*base, {"role": "assistant", "content": action}, {"role": "user", "content": observation}]
+                  for action, observation in [("go", "next 2"), ("take the cup", "next 3 mug"), ("put the mug", "done")]]
+    histories = [*candidates, base[:2], episode(2, 1, random.Random(3))]  # t = 0 and an unrelated history too
+    windows = [meter.windows(h, steps=[sum(m["role"] == "assistant" for m in h)])[0] for h in histories]
+    assert shared_prefix_groups(windows) == [[0, 1, 2], [3], [4]]
+    together = meter.score(histories)
+    alone = [meter.score([h])[0] for h in histories]
+    assert [r.logit for r in together] == pytest.approx([r.logit for r in alone], abs=1e-4)
+    assert [r.tokens_to_go for r in together] == pytest.approx([r.tokens_to_go for r in alone], rel=1e-3, abs=1)
+    if max_length == 60:  # windowed: the shared part is the task block and the kept recent blocks
+        assert 0 < windows[0].starts[0] < len(meter.windows(base)[-1].ids) + 1
 
 
 def test_one_pass_reads_each_token_once():

@@ -15,6 +15,7 @@ that alone cannot fit is clipped in its middle as a last resort. Each message is
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -310,12 +311,41 @@ class RegressionMeter(nn.Module):
                 pieces[k] = read_features(hidden[row], windows[k], self.config.pooling)
         return torch.cat([pieces[k] for k in range(len(windows))]) if windows else torch.empty(0)
 
-    def hidden_states(self, ids: Tensor, mask: Tensor) -> Tensor:
+    def last_block_features(self, windows: Sequence[Window]) -> Tensor:
+        """:meth:`boundary_features` of windows that read one state each and share every token before that state's
+        last block (the K candidate branches of one guided step, E.5): the shared prefix runs once, then only the
+        last blocks run, batched, on copies of its key/value cache. Equal to reading each window on its own up to
+        float rounding: under causal attention the last block's states depend on the prefix only through its cache."""
+        from deltattg.hf import cache_argument
+
+        device = next(self.backbone.parameters()).device
+        cut = windows[0].starts[0]
+        name = cache_argument(self.backbone)
+        prefix = self.backbone(input_ids=torch.tensor([windows[0].ids[:cut]], device=device), use_cache=True)[name]
+        blocks = [Window(w.ids[cut:], [w.positions[0] - cut], w.steps, [0]) for w in windows]
+        order = sorted(range(len(blocks)), key=lambda k: len(blocks[k].ids))
+        pieces: dict[int, Tensor] = {}
+        for batch in _token_batches(order, blocks, self.config.max_batch_tokens):
+            width = max(len(blocks[k].ids) for k in batch)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ids = torch.tensor([blocks[k].ids + [pad] * (width - len(blocks[k].ids)) for k in batch], device=device)
+            mask = torch.tensor([[1] * (cut + len(blocks[k].ids)) + [0] * (width - len(blocks[k].ids)) for k in batch],
+                                device=device)  # fmt: skip
+            cache = copy.deepcopy(prefix)
+            cache.batch_repeat_interleave(len(batch))
+            hidden = self.hidden_states(ids, mask, cache={name: cache})
+            for row, k in enumerate(batch):
+                pieces[k] = read_features(hidden[row], blocks[k], self.config.pooling)
+        return torch.cat([pieces[k] for k in range(len(blocks))])
+
+    def hidden_states(self, ids: Tensor, mask: Tensor, cache: dict[str, Any] | None = None) -> Tensor:
         """``[B, L, H]`` states the head reads: the backbone's final (normalised) state, or the output of decoder
-        layer ``config.layer`` (``layer = num_hidden_layers`` is the final state)."""
+        layer ``config.layer`` (``layer = num_hidden_layers`` is the final state); ``cache``: ``{argument name: key/value
+        cache}`` of tokens before ``ids`` (``mask`` then covers them too)."""
+        kwargs = {**cache, "use_cache": True} if cache else {}
         if self.config.layer is None:
-            return self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
-        return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[self.config.layer]
+            return self.backbone(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
+        return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs).hidden_states[self.config.layer]
 
     @torch.no_grad()
     def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput]]:
@@ -332,9 +362,30 @@ class RegressionMeter(nn.Module):
 
     @torch.no_grad()
     def score(self, histories: Sequence[list[dict]]) -> list[MeterOutput | None]:
-        """The ``Meter`` protocol: the reading of each history's own (last) decision state."""
+        """The ``Meter`` protocol: the reading of each history's own (last) decision state. Histories that differ
+        only in their last action and observations (guidance's candidates) share one pass over what they share."""
         windows = [self.windows(h, steps=[len(assistant_indices(h))])[0] for h in histories]
-        return list(readings_from_head(self.head(self.boundary_features(windows)), self.config.target)) if windows else []
+        if not windows:
+            return []
+        rows: list[Tensor | None] = [None] * len(windows)
+        groups = shared_prefix_groups(windows)
+        alone = [g[0] for g in groups if len(g) == 1]
+        for k, row in zip(alone, self.boundary_features([windows[k] for k in alone]) if alone else []):
+            rows[k] = row
+        for group in (g for g in groups if len(g) > 1):
+            for k, row in zip(group, self.last_block_features([windows[k] for k in group])):
+                rows[k] = row
+        return list(readings_from_head(self.head(torch.stack(rows)), self.config.target))  # type: ignore[arg-type]
+
+
+def shared_prefix_groups(windows: Sequence[Window]) -> list[list[int]]:
+    """Indices of single-read windows grouped by identical tokens before their read block (in order of first
+    appearance); a window whose read block starts at token 0 is a group of its own."""
+    groups: dict[Any, list[int]] = {}
+    for k, w in enumerate(windows):
+        key = tuple(w.ids[: w.starts[0]]) if len(w.steps) == 1 and w.starts[0] > 0 else ("alone", k)
+        groups.setdefault(key, []).append(k)
+    return list(groups.values())
 
 
 def read_features(hidden: Tensor, window: Window, pooling: str) -> Tensor:
