@@ -255,7 +255,7 @@ def test_planted_pickles_in_a_saved_meter_never_run(tmp_path, capsys):
     marker = tmp_path / "ran"
     plant(out / "features.pt", marker)  # a cache: not loadable as plain data, so recomputed
     train_regression_meter(tiny_meter(), *data, config)
-    assert not marker.exists() and isinstance(torch.load(out / "features.pt")["features"], torch.Tensor)
+    assert not marker.exists() and isinstance(torch.load(out / "features.pt")["windows"], dict)
     meter.backbone.save_pretrained(out / "backbone")  # the test's backbone has no spec to load from: store it
     meter.tokenizer.save_pretrained(out / "backbone")
     settings = json.loads((out / "meter_config.json").read_text())

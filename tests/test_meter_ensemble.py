@@ -11,7 +11,8 @@ import torch
 
 from deltattg.cli import main
 from deltattg.meter.regression import HeadEnsemble, RegressionMeter, average_readings, head_members
-from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
+from deltattg.meter.train_regression import (RegressionTrainConfig, cached_features, feature_settings,
+                                             train_regression_meter, trajectory_examples, window_key)
 from test_meter_cli import apb_record
 from test_meter_regression import episode, synthetic_set, tiny_meter
 
@@ -115,10 +116,28 @@ def test_the_feature_cache_is_keyed_by_pooling_and_layer(tmp_path):
         train_regression_meter(meter, windows, examples, RegressionTrainConfig(output_dir=out, head_epochs=1,
                                                                                progress=False))
         saved = torch.load(tmp_path / "shared-folder" / "features.pt")
-        widths.append(saved["features"].shape[1])
-        expected = meter.boundary_features(windows)
-        assert torch.allclose(saved["features"], expected, atol=1e-5)
+        assert saved["settings"] == feature_settings(meter)  # the other settings' features were not reused
+        cached = torch.cat([saved["windows"][window_key(w)] for w in windows])
+        widths.append(cached.shape[1])
+        assert torch.allclose(cached, meter.boundary_features(windows), atol=1e-5)
     assert widths == [48, 96, 96]
+
+
+def test_a_grown_pool_computes_only_its_new_windows(tmp_path, monkeypatch):
+    meter = tiny_meter(pooling="last+mean")
+    windows, _ = training_set(meter, n=6)
+    path = tmp_path / "features.pt"
+    first = cached_features(meter, windows[:4], path, progress=False)
+    read = []
+    original = RegressionMeter.boundary_features
+    monkeypatch.setattr(RegressionMeter, "boundary_features", lambda self, ws: read.extend(ws) or original(self, ws))
+    grown = cached_features(meter, windows, path, progress=False)
+    assert read == list(windows[4:])  # only the new windows went through the backbone
+    assert torch.equal(grown[: len(first)], first)
+    assert torch.allclose(grown, original(meter, windows), atol=1e-5)
+    read.clear()
+    assert torch.equal(cached_features(meter, windows, path, progress=False), grown) and read == []
+    assert not path.with_name("features.pt.partial").exists()
 
 
 def test_train_meter_ensemble_and_layer_options(tmp_path, capsys):

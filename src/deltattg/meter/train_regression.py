@@ -96,32 +96,60 @@ def _cosine_warmup(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Path, progress: bool) -> torch.Tensor:
-    """Frozen-backbone features of every read position, computed once and cached at ``path``, keyed by the windows'
-    content and the settings that change the features (backbone, pooling, layer) — not by the head's settings, so
-    retraining heads in the same folder (other seeds, epochs, ``ensemble``) reuses them."""
-    key = hashlib.sha256(json.dumps([[w.ids, w.positions] for w in windows]).encode()).hexdigest()
-    key += json.dumps([meter.config.backbone, meter.config.pooling, meter.config.layer])
-    if path.exists():
-        from deltattg.train.checkpoint import CheckpointError, safe_load
+def window_key(window: Window) -> str:
+    """A window's identity in the feature cache: its tokens and the positions (and last-block starts) read in it."""
+    return hashlib.sha256(json.dumps([window.ids, window.positions, window.starts]).encode()).hexdigest()
 
-        try:
-            saved = safe_load(path)  # weights-only: a cache file never runs code
-        except CheckpointError as exc:
-            print(f"deltattg: recomputing the feature cache: {exc}", file=sys.stderr)
-            saved = None
-        if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("features"), torch.Tensor):
-            return saved["features"]
-    chunks = []
-    step = 16
-    meter.backbone.eval()
-    with torch.no_grad():
-        for start in tqdm(range(0, len(windows), step), desc="backbone features", unit="chunk", disable=not progress):
-            chunks.append(meter.boundary_features(windows[start : start + step]).cpu())
-    features = torch.cat(chunks) if chunks else torch.empty(0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"key": key, "features": features}, path)
-    return features
+
+def feature_settings(meter: RegressionMeter) -> str:
+    """What changes a window's features besides its tokens: backbone, pooling, layer (not the head's settings)."""
+    return json.dumps([meter.config.backbone, meter.config.pooling, meter.config.layer])
+
+
+def load_feature_cache(path: Path, settings: str) -> dict[str, torch.Tensor]:
+    """The cached features by window key, or {} when ``path`` is absent, unreadable or made with other settings."""
+    if not path.exists():
+        return {}
+    from deltattg.train.checkpoint import CheckpointError, safe_load
+
+    try:
+        saved = safe_load(path)  # weights-only: a cache file never runs code
+    except CheckpointError as exc:
+        print(f"deltattg: recomputing the feature cache: {exc}", file=sys.stderr)
+        return {}
+    if not (isinstance(saved, dict) and saved.get("settings") == settings and isinstance(saved.get("windows"), dict)):
+        return {}
+    return {k: v for k, v in saved["windows"].items() if isinstance(v, torch.Tensor)}
+
+
+def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Path, progress: bool) -> torch.Tensor:
+    """Frozen-backbone features of every read position of ``windows`` (in order), ``[reads, width]``. They are cached
+    at ``path`` window by window, keyed by each window's content under :func:`feature_settings`: retraining heads
+    in the same folder (other seeds, epochs, ``ensemble``) reads them all, and a pool that grew computes only its new
+    windows. The file is replaced atomically (a crash never leaves half of it)."""
+    settings = feature_settings(meter)
+    known = load_feature_cache(path, settings)
+    keys = [window_key(w) for w in windows]
+    todo_by_key = {key: w for key, w in zip(keys, windows) if key not in known}
+    if todo_by_key:
+        missing, todo = list(todo_by_key), list(todo_by_key.values())
+        if known:
+            reused = sum(key in known for key in keys)
+            print(f"deltattg: features of {reused} of {len(windows)} windows cached, computing {len(todo)}",
+                  file=sys.stderr)  # fmt: skip
+        step = 16
+        meter.backbone.eval()
+        with torch.no_grad():
+            for start in tqdm(range(0, len(todo), step), desc="backbone features", unit="chunk", disable=not progress):
+                chunk = todo[start : start + step]
+                rows = meter.boundary_features(chunk).cpu()
+                for key, part in zip(missing[start : start + step], rows.split([len(w.positions) for w in chunk])):
+                    known[key] = part.clone()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        torch.save({"settings": settings, "windows": known}, partial)
+        partial.replace(path)
+    return torch.cat([known[key] for key in keys]) if windows else torch.empty(0)
 
 
 def _row_of(windows: Sequence[Window], examples: Sequence[Example]) -> list[int]:
