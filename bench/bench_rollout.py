@@ -14,8 +14,15 @@ peak resident memory while generating (Linux VmHWM, reset after loading) above t
 stored logits (rows x tokens x vocabulary x 4), and that times the measured overhead ratio extrapolated to Table 4's
 batch (64 x 1024 tokens) for Qwen3's 151,936-token vocabulary; both peers' tokens and log-probs must agree.
 
+``--prefix-cache N`` instead times SmolLM2 ReAct episodes (greedy) on ``--env`` two ways in one process, peers in
+turn: batched prompts (``SamplingConfig.prefix_cache = 0``, the default) vs one prompt at a time prefilled only past
+the longest prefix it shares with one of the N most recent conversations. Reported: wall and process-CPU seconds of
+each, the ratio cached ÷ batched, prompt tokens, and whether both chose the same actions. On BFCL / τ² (extras
+``[bfcl]`` / ``[tau2]``) every prompt starts with a system prompt of thousands of tokens.
+
     .venv/bin/python bench/bench_rollout.py [--episodes 32] [--turns 5] [--threads 0] [--skip-smollm2]
     .venv/bin/python bench/bench_rollout.py --memory [--memory-rows 4] [--memory-tokens 1024] [--threads 0]
+    .venv/bin/python bench/bench_rollout.py --prefix-cache 8 --env bfcl --split base --episodes 2 --turns 3 --threads 1
 """
 
 from __future__ import annotations
@@ -155,6 +162,44 @@ def compare_memory(rows: int, tokens: int, threads: int) -> None:
           f"log-softmax is {TABLE4_ROWS} x {QWEN3_VOCAB} x 4 B = {TABLE4_ROWS * QWEN3_VOCAB * 4 / 2**20:.0f} MiB")
 
 
+class PromptCountingPolicy(LMPolicy):
+    """``LMPolicy`` counting the prompt tokens it was given."""
+
+    prompt_tokens = 0
+
+    def act(self, episodes):
+        actions = super().act(episodes)
+        self.prompt_tokens += sum(len(a.prompt_ids or []) for a in actions)
+        return actions
+
+
+def compare_prefix_cache(args: argparse.Namespace) -> None:
+    from deltattg.envs.registry import env_factory
+    from deltattg.hf import load_causal_lm, load_tokenizer
+    from deltattg.rollout.prompts import PromptConfig as Prompt
+
+    make_env = env_factory(args.env, size="short" if args.env == "household" else "full")
+    probe = make_env()
+    tasks = list(probe.tasks(args.split))[: args.episodes]
+    prompt = Prompt(layout=getattr(probe, "prompt_layout", "window"), react=True)
+    model, tokenizer = load_causal_lm("smollm2").eval(), load_tokenizer("smollm2")
+    print(f"SmolLM2-135M ReAct, greedy, {args.env} {args.split}: {len(tasks)} episodes x <= {args.turns} turns, "
+          f"<= {args.max_new_tokens} new tokens; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'peer':>18}  {'wall s':>8}  {'CPU s':>8}  {'actions':>7}  {'prompt tokens':>13}")
+    runs = {}
+    for name, cache in (("batched", 0), (f"prefix cache {args.prefix_cache}", args.prefix_cache)):
+        sampling = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens, prefix_cache=cache)
+        policy = PromptCountingPolicy(model, tokenizer, sampling, prompt, name=name)
+        wall, cpu = time.perf_counter(), time.process_time()
+        trajectories = run_episodes(make_env, tasks, policy, max_turns=args.turns)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        actions = [[m["content"] for m in t.messages or [] if m["role"] == "assistant"] for t in trajectories]
+        runs[name] = (wall, cpu, actions)
+        print(f"{name:>18}  {wall:>8.1f}  {cpu:>8.1f}  {sum(map(len, actions)):>7}  {policy.prompt_tokens:>13,}")
+    (bw, bc, ba), (cw, cc, ca) = runs.values()
+    print(f"cached / batched: wall {cw / bw:.3f}, CPU {cc / bc:.3f}; same actions: {ba == ca}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=32)
@@ -166,9 +211,15 @@ def main() -> None:
     parser.add_argument("--memory-rows", type=int, default=4, help="rows per generate call (even)")
     parser.add_argument("--memory-tokens", type=int, default=1024, help="new tokens per row")
     parser.add_argument("--memory-peer", choices=MEMORY_PEERS, help=argparse.SUPPRESS)  # one peer's fresh process
+    parser.add_argument("--prefix-cache", type=int, metavar="N", help="compare --prefix-cache N with batched prompts")
+    parser.add_argument("--env", default="household", help="--prefix-cache: household, bfcl or tau2")
+    parser.add_argument("--split", default="train", help="--prefix-cache: the task split")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.prefix_cache:
+        compare_prefix_cache(args)
+        return
     if args.memory_peer:
         print(json.dumps(memory_peer(args.memory_peer, args.memory_rows, args.memory_tokens)))
         return
