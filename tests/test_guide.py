@@ -29,7 +29,10 @@ def tokenizer(tmp_path_factory) -> Path:
 def test_oracle_guided_noisy_expert_beats_natural_and_random(tokenizer, tmp_path, capsys):
     out = tmp_path / "guide.json"
     assert main([*GUIDE, "--tokenizer", str(tokenizer), "--json", str(out)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    for arm in ("expert-eps0.7", "expert-eps0.7+random-of-4", "expert-eps0.7+meter-of-4"):  # a progress bar per arm
+        assert f"rollout {arm}: 100%" in captured.err
     assert "natural rollout (1) SR %" in printed and "progress meter (4) SR %" in printed and "meter:" in printed
     report = json.loads(out.read_text())
     natural, random_k, meter_k = report["arms"]
@@ -41,7 +44,8 @@ def test_oracle_guided_noisy_expert_beats_natural_and_random(tokenizer, tmp_path
     assert 0.0 < report["meter_share"] <= 1.0 and report["meter_seconds"] > 0.0
     # deterministic: the same seed gives the same numbers
     again = tmp_path / "again.json"
-    assert main([*GUIDE, "--tokenizer", str(tokenizer), "--json", str(again)]) == 0
+    assert main([*GUIDE, "--tokenizer", str(tokenizer), "--json", str(again), "--no-progress"]) == 0
+    assert "rollout" not in capsys.readouterr().err
     rerun = json.loads(again.read_text())
     assert [(a["success"], a["steps"]) for a in rerun["arms"]] == [(a["success"], a["steps"]) for a in report["arms"]]
 

@@ -466,7 +466,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
         def make_actor():
             return actor
     result = compare_guidance(make_env, tasks, make_actor, meter, candidates=args.candidates, seed=args.seed,
-                              max_turns=args.max_turns)  # fmt: skip
+                              max_turns=args.max_turns, progress=args.progress)  # fmt: skip
     print(f"test-time action selection, {len(tasks)} {args.env} {split} tasks, meter {args.meter} (Table 9 layout):")
     print(text_table(guidance_header(args.candidates), [guidance_row(spec.name, split, result.rows)]))
     wall = sum(row.seconds for row in result.rows)

@@ -167,10 +167,11 @@ def compare_guidance(
     candidates: int = 4,
     seed: int = 0,
     max_turns: int | None = None,
+    progress: bool = False,
 ) -> GuidanceResult:
     """Natural rollout (1 candidate), random-of-K and meter-guided-of-K (E.5) on the same ``tasks``, each arm from
     torch seed ``seed`` with a fresh ``make_actor()`` (a stateful actor, e.g. a noisy expert, starts every arm from
-    the same state)."""
+    the same state). ``progress``: a bar per arm."""
     import torch
 
     if candidates < 1:
@@ -193,7 +194,7 @@ def compare_guidance(
         torch.manual_seed(seed)
         policy = build()
         start = time.perf_counter()
-        trajectories = run_episodes(make_env, tasks, policy, max_turns=max_turns)
+        trajectories = run_episodes(make_env, tasks, policy, max_turns=max_turns, progress=progress)
         seconds = time.perf_counter() - start
         rows.append(GuidanceRow(name, k, mean([t.success for t in trajectories]),
                                 mean([t.num_steps for t in trajectories]), seconds))  # fmt: skip

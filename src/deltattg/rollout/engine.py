@@ -153,10 +153,11 @@ def run_episodes(
         if on_finish is not None:
             on_finish(finished[k])
 
-    for _ in range(limit):
+    for turn in range(limit):
         active = [k for k, e in enumerate(episodes) if not e.done]
         if not active:
             break
+        bar.set_postfix_str(f"turn {turn + 1}/{limit}")  # episodes often finish together, at the turn limit
         for k, action in zip(active, policy.act([episodes[k] for k in active])):
             advance(episodes[k], action)
             if episodes[k].done:
