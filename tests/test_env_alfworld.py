@@ -24,6 +24,7 @@ from deltattg.envs.alfworld import (
     split_dir,
     task_type_of,
 )
+from deltattg.envs import alfworld
 from deltattg.envs.base import Environment, HasExpert, StepResult, Task, replay
 
 INTRO = (
@@ -141,8 +142,11 @@ def test_bad_actions_do_not_win_and_truncate_at_max_steps(make_env: Callable[...
     assert results[-1].info["truncated"] and not results[-1].won and results[-1].reward == 0.0
 
 
+PLAN_FROM_HERE = alfworld.plan_from_here
+
+
 @pytest.mark.slow
-def test_expert_recovers_after_random_detours(make_env: Callable[..., ALFWorldEnv]):
+def test_expert_recovers_after_random_detours(make_env: Callable[..., ALFWorldEnv], monkeypatch):
     env = make_env()
     assert isinstance(env, Environment) and isinstance(env, HasExpert)
     task = first_of_type(list(env.tasks("valid_unseen")), "pick_and_place_simple")
@@ -151,10 +155,13 @@ def test_expert_recovers_after_random_detours(make_env: Callable[..., ALFWorldEn
     detour = play(env, [rng.choice(env.admissible_actions()) for _ in range(2)])
     assert [r.info["action"] for r in detour] != env.walkthrough()[:2]  # off the walkthrough: the expert plans
     assert not any(r.done for r in detour)
+    plans = []
+    monkeypatch.setattr(alfworld, "plan_from_here", lambda game: plans.append(1) or PLAN_FROM_HERE(game))
     result = detour[-1]
     while not result.done:
+        assert env.expert_action() == env.expert_action()  # asking twice (K candidates of one state) plans once
         result = env.step(env.expert_action())
-    assert result.won
+    assert result.won and len(plans) == 1  # one plan after the detour, then followed to the end
 
 
 @pytest.mark.slow

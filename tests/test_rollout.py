@@ -91,6 +91,25 @@ def test_expert_wins_and_random_mostly_fails():
     assert sum(d.num_steps for d in noisy) > sum(c.num_steps for c in experts)
 
 
+class CountingExpertEnv(HouseholdEnv):
+    """The household environment counting how often its expert is asked (a planner call on ALFWorld)."""
+
+    asked = 0
+
+    def expert_action(self):
+        CountingExpertEnv.asked += 1
+        return super().expert_action()
+
+
+def test_the_noisy_expert_asks_its_expert_only_when_it_follows_it():
+    tasks = make_env().tasks("valid_seen")[:10]
+    for epsilon in (1.0, 0.5):
+        CountingExpertEnv.asked = 0
+        played = run_episodes(lambda: CountingExpertEnv(CONFIG), tasks, NoisyExpertPolicy(epsilon, seed=3), max_turns=8)
+        steps = sum(t.num_steps for t in played)
+        assert CountingExpertEnv.asked == 0 if epsilon == 1.0 else 0 < CountingExpertEnv.asked < steps
+
+
 def prefilled_tokens(model) -> list[int]:
     """A list that records how many input positions each forward pass of ``model`` reads."""
     seen: list[int] = []

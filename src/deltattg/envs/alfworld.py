@@ -22,11 +22,12 @@ the rollout engine).
 **Actions** (``parse_action``): the text inside the last ``<action>...</action>`` of the reply (verl-agent's format,
 see ``SYSTEM_PROMPT``), or the whole reply when it has no such tag; lower-cased, whitespace collapsed.
 
-**Experts.** ``walkthrough()`` is the game file's recorded winning command sequence. ``expert_action()`` is its next
-command while the episode has followed it, else the first command of a fresh fast-downward plan from the current state
-(``plan_from_here``, what TextWorld reports as ``policy_commands``), so ε-noisy experts recover after off-plan actions.
-Planning runs only when asked for and costs 0.01-0.5 s CPU on most games but up to ~15 s on some large ones (measured
-on valid_seen), which is why the env does not request ``policy_commands`` (TextWorld would re-plan at every step).
+**Experts.** ``walkthrough()`` is the game file's recorded winning command sequence. ``expert_action()`` is the next
+command of the current plan — the walkthrough from the start — while the episode has followed that plan, else the
+first command of a fresh fast-downward plan from the current state (``plan_from_here``, what TextWorld reports as
+``policy_commands``), which then becomes the plan, so ε-noisy experts recover after off-plan actions. Planning runs
+only off the plan and costs 0.01-0.5 s CPU on most games but up to ~15 s on some large ones (measured on valid_seen),
+which is why the env does not request ``policy_commands`` (TextWorld would re-plan at every step).
 
 **Cost and branching.** One env instance holds one TextWorld game, with its own copy of the fast-downward library
 (TextWorld loads one per game instance, so concurrent envs never share planner state). Measured CPU time on 2 shared
@@ -161,6 +162,7 @@ class ALFWorldEnv:
         self._state: Any = None
         self._goal = ""
         self._actions: list[str] = []  # the parsed commands of this episode
+        self._plan: tuple[list[str], list[str]] = ([], [])  # (the commands before it, the plan) of expert_action
         self._done = False
 
     def tasks(self, split: str) -> Sequence[Task]:
@@ -175,6 +177,7 @@ class ALFWorldEnv:
         self._state = self._game.reset()
         self._goal = goal_of(self._state.feedback)
         self._actions = []
+        self._plan = ([], self.walkthrough())
         self._done = False
         return self._state.feedback
 
@@ -201,14 +204,15 @@ class ALFWorldEnv:
         return list(self._live_state()["admissible_commands"])
 
     def expert_action(self) -> str | None:
-        """The walkthrough's next command while the episode has followed it, else the first command of a shortest
-        plan from here (None when no plan exists)."""
-        walkthrough = self.walkthrough()
-        taken = len(self._actions)
-        if taken < len(walkthrough) and self._actions == walkthrough[:taken]:
-            return walkthrough[taken]
-        plan = plan_from_here(self._game)
-        return plan[0] if plan else None
+        """The plan's next command while the episode has followed the plan (at first the walkthrough), else the first
+        command of a shortest plan from here, which becomes the plan (None when no plan exists)."""
+        before, plan = self._plan
+        k = len(self._actions) - len(before)
+        if 0 <= k < len(plan) and self._actions == [*before, *plan[:k]]:
+            return plan[k]
+        self._live_state()
+        self._plan = (list(self._actions), plan_from_here(self._game))
+        return self._plan[1][0] if self._plan[1] else None
 
     def walkthrough(self) -> list[str]:
         """The game file's recorded winning command sequence, from the start of the task."""

@@ -42,16 +42,17 @@ class NoisyExpertPolicy:
         self.rng = random.Random(seed)
 
     def _one(self, episode: Episode) -> Action:
+        """A mistake with probability ε, decided first: the expert (a planner on ALFWorld) is asked only when followed."""
         if not isinstance(episode.env, HasExpert):
             raise TypeError(f"environment {episode.env.name!r} has no expert")
-        expert = episode.env.expert_action()
-        if expert is None:
-            return Action(self.rng.choice(episode.admissible) if episode.admissible else "look")
         can_err = bool(episode.admissible) or isinstance(episode.env, HasMistakes)
         if can_err and self.rng.random() < self.epsilon:
             if episode.admissible:
                 return Action(self.rng.choice(episode.admissible))
-            return Action(episode.env.mistaken_action(self.rng))
+            return Action(episode.env.mistaken_action(self.rng))  # type: ignore[union-attr]
+        expert = episode.env.expert_action()
+        if expert is None:
+            return Action(self.rng.choice(episode.admissible) if episode.admissible else "look")
         return Action(expert)
 
     def act(self, episodes: Sequence[Episode]) -> list[Action]:
