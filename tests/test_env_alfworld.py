@@ -142,7 +142,7 @@ def test_bad_actions_do_not_win_and_truncate_at_max_steps(make_env: Callable[...
     assert results[-1].info["truncated"] and not results[-1].won and results[-1].reward == 0.0
 
 
-PLAN_FROM_HERE = alfworld.plan_from_here
+PLAN_WITHIN = alfworld.plan_within
 
 
 @pytest.mark.slow
@@ -156,12 +156,29 @@ def test_expert_recovers_after_random_detours(make_env: Callable[..., ALFWorldEn
     assert [r.info["action"] for r in detour] != env.walkthrough()[:2]  # off the walkthrough: the expert plans
     assert not any(r.done for r in detour)
     plans = []
-    monkeypatch.setattr(alfworld, "plan_from_here", lambda game: plans.append(1) or PLAN_FROM_HERE(game))
+    monkeypatch.setattr(alfworld, "plan_within", lambda game, seconds: plans.append(1) or PLAN_WITHIN(game, seconds))
     result = detour[-1]
     while not result.done:
         assert env.expert_action() == env.expert_action()  # asking twice (K candidates of one state) plans once
         result = env.step(env.expert_action())
     assert result.won and len(plans) == 1  # one plan after the detour, then followed to the end
+
+
+@pytest.mark.slow
+def test_a_plan_that_runs_out_of_time_leaves_the_game_as_it_was(make_env: Callable[..., ALFWorldEnv]):
+    env = make_env(plan_seconds=1e-6)  # no plan can finish in a microsecond
+    task = first_of_type(list(env.tasks("valid_seen")), "pick_and_place_simple")
+    env.reset(task)
+    detour = [a for a in env.admissible_actions() if a != env.walkthrough()[0]][0]
+    env.step(detour)
+    assert alfworld.plan_within(env._game, 1e-6) is None
+    assert env.expert_action() is None and env.expert_action() is None  # no plan for this state, asked once
+    in_time = alfworld.plan_within(env._game, 60.0)
+    assert in_time and in_time == alfworld.plan_from_here(env._game)  # the forked planner's answer, and the game
+    result = env.step(in_time[0])                                    # still plays from where it was
+    for command in in_time[1:]:
+        result = env.step(command)
+    assert result.won
 
 
 @pytest.mark.slow

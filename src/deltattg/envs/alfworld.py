@@ -27,7 +27,10 @@ command of the current plan — the walkthrough from the start — while the epi
 first command of a fresh fast-downward plan from the current state (``plan_from_here``, what TextWorld reports as
 ``policy_commands``), which then becomes the plan, so ε-noisy experts recover after off-plan actions. Planning runs
 only off the plan and costs 0.01-0.5 s CPU on most games but up to ~15 s on some large ones (measured on valid_seen),
-which is why the env does not request ``policy_commands`` (TextWorld would re-plan at every step).
+which is why the env does not request ``policy_commands`` (TextWorld would re-plan at every step). After a few
+detours in ``pick_two_obj_and_place`` games the search can run for many minutes, so each plan runs in a forked copy
+of the process with ``plan_seconds`` (default 10 s); when that runs out the expert has no action for the state and
+a noisy expert acts at random (``NoisyExpertPolicy``).
 
 **Cost and branching.** One env instance holds one TextWorld game, with its own copy of the fast-downward library
 (TextWorld loads one per game instance, so concurrent envs never share planner state). Measured CPU time on 2 shared
@@ -40,8 +43,11 @@ for the branches so that the game stays loaded.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +67,7 @@ DATA_ENV_VAR = "ALFWORLD_DATA"
 LAYOUT = "json_2.1.1"
 GAME_FILE = "game.tw-pddl"
 MAX_STEPS = 50
+PLAN_SECONDS = 10.0  # the expert's planning budget per state; planning takes 0.01-0.5 s on most states
 SYSTEM_PROMPT = (
     "You are an expert agent operating in the ALFRED Embodied Environment. Each turn you see your task, your most "
     "recent actions and observations, the current observation and the admissible actions of the current situation. "
@@ -147,6 +154,35 @@ def plan_from_here(game: Any) -> list[str]:
     return pddl._pddl_state.replan(pddl._entity_infos)
 
 
+def plan_within(game: Any, seconds: float) -> list[str] | None:
+    """:func:`plan_from_here` in a forked copy of this process, given ``seconds`` (None when it runs out). The planner
+    is a C library that Python cannot interrupt, and on some states (``pick_two_obj_and_place`` games after a few
+    detours) its search runs for many minutes; the fork shares the game's memory copy-on-write, so asking costs the
+    parent nothing but the wait."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: plan, send the plan, leave without running any of the parent's cleanup
+        code = 1
+        try:
+            os.close(read_end)
+            with os.fdopen(write_end, "w") as out:
+                json.dump(plan_from_here(game), out)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end) as answer:
+            ready, _, _ = select.select([answer], [], [], seconds)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                return None
+            text = answer.read()  # the child writes once and exits: read to its end
+    finally:
+        os.waitpid(pid, 0)
+    return json.loads(text) if text else None
+
+
 class ALFWorldEnv:
     """ALFWorld text games (see the module doc). ``info`` of every step: ``won``, ``truncated`` (hit ``max_steps``),
     ``valid`` (the command was admissible), ``action`` (the parsed command) and ``admissible`` (the next commands)."""
@@ -154,9 +190,11 @@ class ALFWorldEnv:
     name = "alfworld"
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, max_steps: int = MAX_STEPS):
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, max_steps: int = MAX_STEPS,
+                 plan_seconds: float | None = PLAN_SECONDS):
         self.data_dir = data_dir
         self.max_steps = max_steps
+        self.plan_seconds = plan_seconds  # the expert's time to plan (None: unlimited, in this process)
         self._game: Any = None
         self._game_file: str | None = None
         self._state: Any = None
@@ -205,13 +243,21 @@ class ALFWorldEnv:
 
     def expert_action(self) -> str | None:
         """The plan's next command while the episode has followed the plan (at first the walkthrough), else the first
-        command of a shortest plan from here, which becomes the plan (None when no plan exists)."""
+        command of a shortest plan from here, which becomes the plan (None when no plan exists or the planner ran out
+        of ``plan_seconds``; not asked twice in one state)."""
         before, plan = self._plan
         k = len(self._actions) - len(before)
-        if 0 <= k < len(plan) and self._actions == [*before, *plan[:k]]:
-            return plan[k]
+        if 0 <= k <= len(plan) and self._actions == [*before, *plan[:k]]:
+            if k < len(plan):
+                return plan[k]
+            if k == 0:  # planned from this very state already and found nothing (or ran out of time)
+                return None
         self._live_state()
-        self._plan = (list(self._actions), plan_from_here(self._game))
+        if self.plan_seconds is None:
+            found: list[str] | None = plan_from_here(self._game)
+        else:
+            found = plan_within(self._game, self.plan_seconds)
+        self._plan = (list(self._actions), found or [])
         return self._plan[1][0] if self._plan[1] else None
 
     def walkthrough(self) -> list[str]:
