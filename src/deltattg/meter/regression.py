@@ -296,17 +296,24 @@ class RegressionMeter(nn.Module):
         blocks = encode_blocks(decision_blocks(messages, self.config.max_message_chars), self.tokenizer)
         return plan_windows(blocks, self.config.max_length, steps)
 
-    def boundary_features(self, windows: Sequence[Window]) -> Tensor:
-        """Backbone hidden states at every read position of ``windows`` (in order), batched by token budget."""
+    def boundary_features(self, windows: Sequence[Window], prefix: tuple[int, Any] | None = None) -> Tensor:
+        """Backbone hidden states at every read position of ``windows`` (in order), batched by token budget.
+        ``prefix``: ``(length, key/value cache)`` of tokens that every window continues (their ids come after it)."""
         device = next(self.backbone.parameters()).device
+        before = prefix[0] if prefix else 0
         order = sorted(range(len(windows)), key=lambda k: len(windows[k].ids))
         pieces: dict[int, Tensor] = {}
         for batch in _token_batches(order, windows, self.config.max_batch_tokens):
             width = max(len(windows[k].ids) for k in batch)
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             ids = torch.tensor([windows[k].ids + [pad] * (width - len(windows[k].ids)) for k in batch], device=device)
-            mask = torch.tensor([[1] * len(windows[k].ids) + [0] * (width - len(windows[k].ids)) for k in batch], device=device)
-            hidden = self.hidden_states(ids, mask)
+            mask = torch.tensor([[1] * (before + len(windows[k].ids)) + [0] * (width - len(windows[k].ids))
+                                 for k in batch], device=device)  # fmt: skip
+            cache = None
+            if prefix:
+                cache = copy.deepcopy(prefix[1])
+                cache.batch_repeat_interleave(len(batch))
+            hidden = self.hidden_states(ids, mask, cache)
             for row, k in enumerate(batch):
                 pieces[k] = read_features(hidden[row], windows[k], self.config.pooling)
         return torch.cat([pieces[k] for k in range(len(windows))]) if windows else torch.empty(0)
@@ -320,29 +327,18 @@ class RegressionMeter(nn.Module):
 
         device = next(self.backbone.parameters()).device
         cut = windows[0].starts[0]
-        name = cache_argument(self.backbone)
-        prefix = self.backbone(input_ids=torch.tensor([windows[0].ids[:cut]], device=device), use_cache=True)[name]
+        ids = torch.tensor([windows[0].ids[:cut]], device=device)
+        cache = self.backbone(input_ids=ids, use_cache=True)[cache_argument(self.backbone)]
         blocks = [Window(w.ids[cut:], [w.positions[0] - cut], w.steps, [0]) for w in windows]
-        order = sorted(range(len(blocks)), key=lambda k: len(blocks[k].ids))
-        pieces: dict[int, Tensor] = {}
-        for batch in _token_batches(order, blocks, self.config.max_batch_tokens):
-            width = max(len(blocks[k].ids) for k in batch)
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            ids = torch.tensor([blocks[k].ids + [pad] * (width - len(blocks[k].ids)) for k in batch], device=device)
-            mask = torch.tensor([[1] * (cut + len(blocks[k].ids)) + [0] * (width - len(blocks[k].ids)) for k in batch],
-                                device=device)  # fmt: skip
-            cache = copy.deepcopy(prefix)
-            cache.batch_repeat_interleave(len(batch))
-            hidden = self.hidden_states(ids, mask, cache={name: cache})
-            for row, k in enumerate(batch):
-                pieces[k] = read_features(hidden[row], blocks[k], self.config.pooling)
-        return torch.cat([pieces[k] for k in range(len(blocks))])
+        return self.boundary_features(blocks, prefix=(cut, cache))
 
-    def hidden_states(self, ids: Tensor, mask: Tensor, cache: dict[str, Any] | None = None) -> Tensor:
+    def hidden_states(self, ids: Tensor, mask: Tensor, cache: Any = None) -> Tensor:
         """``[B, L, H]`` states the head reads: the backbone's final (normalised) state, or the output of decoder
-        layer ``config.layer`` (``layer = num_hidden_layers`` is the final state); ``cache``: ``{argument name: key/value
-        cache}`` of tokens before ``ids`` (``mask`` then covers them too)."""
-        kwargs = {**cache, "use_cache": True} if cache else {}
+        layer ``config.layer`` (``layer = num_hidden_layers`` is the final state); ``cache``: a key/value cache of
+        tokens before ``ids`` (``mask`` then covers them too)."""
+        from deltattg.hf import cache_argument
+
+        kwargs = {cache_argument(self.backbone): cache, "use_cache": True} if cache is not None else {}
         if self.config.layer is None:
             return self.backbone(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
         return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs).hidden_states[self.config.layer]
