@@ -176,12 +176,11 @@ class PromptCountingPolicy(LMPolicy):
 def compare_prefix_cache(args: argparse.Namespace) -> None:
     from deltattg.envs.registry import env_factory
     from deltattg.hf import load_causal_lm, load_tokenizer
-    from deltattg.rollout.prompts import PromptConfig as Prompt
 
     make_env = env_factory(args.env, size="short" if args.env == "household" else "full")
     probe = make_env()
     tasks = list(probe.tasks(args.split))[: args.episodes]
-    prompt = Prompt(layout=getattr(probe, "prompt_layout", "window"), react=True)
+    prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"), react=True)
     model, tokenizer = load_causal_lm("smollm2").eval(), load_tokenizer("smollm2")
     print(f"SmolLM2-135M ReAct, greedy, {args.env} {args.split}: {len(tasks)} episodes x <= {args.turns} turns, "
           f"<= {args.max_new_tokens} new tokens; torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -137,7 +137,7 @@ def test_a_grown_pool_computes_only_its_new_windows(tmp_path, monkeypatch):
     assert torch.allclose(grown, original(meter, windows), atol=1e-5)
     read.clear()
     assert torch.equal(cached_features(meter, windows, path, progress=False), grown) and read == []
-    assert not path.with_name("features.pt.partial").exists()
+    assert [f.name for f in tmp_path.iterdir()] == ["features.pt"]  # no partial file left behind
 
 
 def test_train_meter_ensemble_and_layer_options(tmp_path, capsys):

@@ -252,7 +252,7 @@ class ALFWorldEnv:
                 return plan[k]
             if k == 0:  # planned from this very state already and found nothing (or ran out of time)
                 return None
-        self._live_state()
+        self._live_state()  # refuses before reset()
         if self.plan_seconds is None:
             found: list[str] | None = plan_from_here(self._game)
         else:

@@ -146,7 +146,7 @@ def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Pat
                 for key, part in zip(missing[start : start + step], rows.split([len(w.positions) for w in chunk])):
                     known[key] = part.clone()
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
+        partial = path.with_name(f".{path.name}.partial")  # as checkpoints are written
         torch.save({"settings": settings, "windows": known}, partial)
         partial.replace(path)
     return torch.cat([known[key] for key in keys]) if windows else torch.empty(0)
