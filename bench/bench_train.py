@@ -13,9 +13,16 @@ for ``--steps`` steps (same tasks in the same order, batch, group size, learning
 
 Outputs under ``--out``: ``seed-N/`` (actor, pool, meter, one folder per arm with its ``metrics.jsonl``) and
 ``bench_train.md`` / ``.json`` / ``.png``: per arm and seed the final greedy success, the area under the success curve
-and the step at which it reaches GRPO's final mean success; over seeds the mean with a 95 % bootstrap interval, the
-paired per-seed difference to GRPO (same seeds resampled for both) and the steps-to-reach ratio. Nothing is asserted:
-read the intervals. Finished runs are kept and skipped on a rerun; ``--report-only`` redraws from them.
+and the step at which it reaches GRPO's final mean success; over seeds the mean with a 95 % Student t interval, the
+paired per-seed difference to GRPO with its t interval and exact paired permutation p-value, the steps-to-reach ratio
+(percentile bootstrap) and the number of seeds that collapsed (held-out success ≤ 5 % at an evaluation after the
+start). Nothing is asserted: read the intervals; one whose interval includes 0 is "no difference".
+
+Every run is stamped (``bench.json`` in its folder) with the code revision it ran (the git commit, ``+dirty.DIFF``
+for uncommitted changes) and the SHA-256 of its seed's shared settings (``train.yaml``). A finished run is reused only
+when both match the current ones; the report refuses to pair runs of different revisions or settings unless
+``--allow-mixed`` (which also reuses any finished run) — and then its table says which arms ran which revision.
+``--report-only`` redraws from the runs.
 
 ``--speed N`` instead times N training steps of GRPO from one seed's actor with the old step (θ_old recomputed by a
 forward pass, every row reading its own prompt: ``optim.recompute_old_logprobs=true run.share_prompts=false``) and
@@ -34,6 +41,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -43,7 +51,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from deltattg.demo.comparison import ArmSummary, area_under_curve, first_step_reaching, success_curve, summarize
+from deltattg.demo.comparison import (
+    COLLAPSE_AT,
+    Estimate,
+    area_under_curve,
+    first_step_reaching,
+    success_curve,
+    summarize,
+)
 from deltattg.demo.config import DemoConfig, demo_config
 from deltattg.demo.pipeline import (
     PRESET,
@@ -59,6 +74,7 @@ from deltattg.demo.pipeline import (
 )
 from deltattg.demo.report import markdown_table, pyplot
 from deltattg.train import read_metrics, resolve, train
+from deltattg.train.checkpoint import code_revision, config_hash
 
 DEFAULT_ARMS = ("grpo", "deltattg", "deltattg@oracle", "deltattg@oracle:0.5:0.1", "deltattg@oracle:1:0.2")
 
@@ -70,10 +86,20 @@ def seed_config(args: argparse.Namespace, seed: int) -> DemoConfig:
     return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
-def prepare_seed(config: DemoConfig, folder: Path, learned: bool) -> None:
-    """The seed's base actor and, when an arm reads it, its pool and learned meter (kept if already there), and the
-    trainer settings every arm shares (``train.yaml``)."""
+def prepare_seed(config: DemoConfig, folder: Path, learned: bool, allow_mixed: bool = False) -> None:
+    """The seed's base actor and, when an arm reads it, its pool and learned meter (kept if already there and made by
+    the current code revision, or by any with ``allow_mixed``), and the trainer settings every arm shares
+    (``train.yaml``)."""
     world = build_world(config)
+    made_by = (read_stamp(folder) or {}).get("code") if (folder / "actor").exists() else code_revision()
+    if made_by != code_revision() and not allow_mixed:
+        print(f"[bench] {folder}: its actor and meter were made by code revision {made_by}; making them again",
+              file=sys.stderr, flush=True)  # fmt: skip
+        for stale in ("actor", "meter"):
+            shutil.rmtree(folder / stale, ignore_errors=True)
+        made_by = code_revision()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / STAMP).write_text(json.dumps({"code": made_by}, indent=2) + "\n")
     if not (folder / "actor" / "config.json").is_file():
         base_actor(config, world, folder / "actor")
     if learned and not (folder / "meter" / "meter_config.json").is_file():
@@ -81,10 +107,13 @@ def prepare_seed(config: DemoConfig, folder: Path, learned: bool) -> None:
 
         actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
         pool = collect_pool(config, world, actor)
-        train_pool, _ = split_by_task(pool, config.heldout_fraction, config.seed)
-        train_meter(config, train_pool, actor.tokenizer, folder / "meter")
+        train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
+        train_meter(config, train_pool, actor.tokenizer, folder / "meter", heldout_pool)
     settings = trainer_settings(config, str(folder / "actor"), world.prompt.layout)
     (folder / "train.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+
+
+STAMP = "bench.json"
 
 
 def finished(run: Path, steps: int) -> bool:
@@ -94,11 +123,30 @@ def finished(run: Path, steps: int) -> bool:
         return False
 
 
+def shared_settings_hash(folder: Path) -> str:
+    """SHA-256 of a seed folder's ``train.yaml``: the settings every arm of that seed shares."""
+    return config_hash((folder / "train.yaml").read_text())
+
+
+def read_stamp(run: Path) -> dict | None:
+    try:
+        return json.loads((run / STAMP).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def current_stamp(folder: Path, arm: Arm) -> dict:
+    """What a run of ``arm`` in seed ``folder`` would be made of now: the code revision, the revision that made the
+    seed's actor and meter (``prepare_seed``), and the shared settings."""
+    return {"code": code_revision(), "prepared_by": (read_stamp(folder) or {}).get("code"),
+            "shared_config_sha256": shared_settings_hash(folder), "arm": arm.name}  # fmt: skip
+
+
 def prepare(args: argparse.Namespace, seed: int, learned: bool) -> str:
     """One seed's base actor, pool and meter (in its own process: one torch thread)."""
     start = time.perf_counter()
     with process_settings(1):
-        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", learned)
+        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", learned, args.allow_mixed)
     return f"[bench] seed {seed} prepared: {time.perf_counter() - start:.0f} s"
 
 
@@ -107,13 +155,16 @@ def run_arm(args: argparse.Namespace, seed: int, arm: Arm) -> str:
     config = seed_config(args, seed)
     folder = args.out / f"seed-{seed}"
     run = folder / arm.folder
-    if finished(run, config.steps):
+    stamp = current_stamp(folder, arm)
+    if finished(run, config.steps) and (args.allow_mixed or read_stamp(run) == stamp):
         return f"[bench] seed {seed} {arm.name}: already there"
     start = time.perf_counter()
     overrides = [*arm.overrides(folder / "meter"), f"run.out={run}", "run.progress=false",
                  f"run.save_every={config.steps}", "run.keep_checkpoints=1"]  # fmt: skip
-    with process_settings(1):  # an unfinished run there is started over (overwrite), not resumed
+    (run / STAMP).unlink(missing_ok=True)
+    with process_settings(1):  # an unfinished or stale run there is started over (overwrite), not resumed
         train(resolve(PRESET, folder / "train.yaml", overrides), overwrite=True)
+    (run / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")  # written last: a stamp means a finished run
     return f"[bench] seed {seed} {arm.name}: {time.perf_counter() - start:.0f} s"
 
 
@@ -169,7 +220,33 @@ def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> Non
     plt.close(fig)
 
 
+def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
+    """Which code revision each arm's runs ran, one line per revision; a ``ValueError`` naming the runs when runs of
+    different revisions or shared settings would be paired (unless ``--allow-mixed``)."""
+    by_code: dict[str, list[str]] = {}
+    problems = []
+    for seed in args.seeds:
+        folder = args.out / f"seed-{seed}"
+        for arm in arms:
+            stamp = read_stamp(folder / arm.folder) or {}
+            code, prepared = str(stamp.get("code")), str(stamp.get("prepared_by"))
+            key = code if prepared == code else f"{code} (actor and meter by {prepared})"
+            by_code.setdefault(key, []).append(f"seed {seed} {arm.name}")
+            if stamp.get("shared_config_sha256") != shared_settings_hash(folder):
+                problems.append(f"{folder / arm.folder}: ran other shared settings than {folder / 'train.yaml'}"
+                                if stamp else f"{folder / arm.folder}: no {STAMP} (a run from before runs were stamped)")
+    if len(by_code) > 1:
+        problems.append("runs of different code revisions: " + "; ".join(
+            f"{code} ({len(runs)} runs, e.g. {runs[0]})" for code, runs in by_code.items()))
+    if problems and not args.allow_mixed:
+        raise ValueError("refusing to pair these runs (--allow-mixed pairs them anyway and says so):\n  "
+                         + "\n  ".join(problems))
+    return [f"{code}: {len(runs)} runs" for code, runs in by_code.items()] + (
+        [f"**mixed** (--allow-mixed): {p}" for p in problems] if problems else [])
+
+
 def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple[str, dict]:
+    revisions = check_stamps(args, arms)
     steps, curves, records = load_curves(args, arms)
     grpo = curves.get("grpo")
     if grpo is None:
@@ -183,25 +260,33 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
             seed_rows.append([name, str(seed), f"{100 * c[k, 0]:.1f}", f"{100 * c[k, -1]:.1f}",
                               f"{100 * area_under_curve(steps, c[k].tolist()):.1f}", "-" if reached is None else str(reached)])  # fmt: skip
     times = {name: median_step_time(runs) for name, runs in records.items()}
+
+    def difference(e: Estimate) -> str:
+        return f"{e.text(100, signed=True)} p={e.p:.3f}" if e.p is not None else e.text(100, signed=True)
+
     rows = [[s.arm, s.start.text(100), s.final.text(100), s.auc.text(100),
-             "-" if s.arm == "grpo" else s.final_minus_grpo.text(100),
-             "-" if s.arm == "grpo" else s.auc_minus_grpo.text(100), s.reach.text(1, 2),
-             f"{times[s.arm]:.2f}"] for s in summaries]  # fmt: skip
+             "-" if s.arm == "grpo" else difference(s.final_minus_grpo),
+             "-" if s.arm == "grpo" else difference(s.auc_minus_grpo), s.reach.text(1, 2),
+             f"{s.collapses} / {s.seeds}", f"{times[s.arm]:.2f}"] for s in summaries]  # fmt: skip
     tasks = seed_config(args, args.seeds[0]).eval_tasks
     text = "\n\n".join([
         "# bench_train: credit methods on the household environment over paired seeds",
         f"`{command}` — seeds {list(args.seeds)}, {steps[-1]} steps per run, greedy evaluation on {tasks} held-out "
         f"tasks every {steps[1] - steps[0] if len(steps) > 1 else 0} steps; the demo's settings otherwise (each seed "
-        "folder's `train.yaml`). Every interval is a 95 % bootstrap interval over seeds (paired for differences).",
+        "folder's `train.yaml`). Means and paired differences: 95 % Student t intervals over seeds; p: exact paired "
+        "permutation test (all sign flips) of the difference; steps ratio: 95 % paired percentile bootstrap. A "
+        "difference whose interval includes 0 is no difference. Collapses: seeds whose held-out success fell to "
+        f"≤ {100 * COLLAPSE_AT:.0f} % at an evaluation after the start.",
+        "Code revisions: " + "; ".join(revisions) + ".",
         markdown_table(("arm", "start %", "final %", "area under curve %", "final − GRPO (points)",
-                        "area − GRPO (points)", "steps to GRPO's final ÷ steps", "s / step"), rows),  # fmt: skip
+                        "area − GRPO (points)", "steps to GRPO's final ÷ steps", "collapses", "s / step"), rows),  # fmt: skip
         f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
         "curve never reaches it (in the point estimate or a resample).",
         "![success curves](bench_train.png)",
         "## Per seed",
         markdown_table(("arm", "seed", "start %", "final %", "area %", f"first step ≥ {100 * target:.1f} %"), seed_rows),
     ])  # fmt: skip
-    figures = {"seeds": list(args.seeds), "steps": steps, "target": target,
+    figures = {"seeds": list(args.seeds), "steps": steps, "target": target, "revisions": revisions,
                "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times,
                "curves": {name: c.tolist() for name, c in curves.items()}}  # fmt: skip
     return text + "\n", figures
@@ -277,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="change one DemoConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="reuse finished runs and actors of any code revision, and pair runs of different "
+                        "revisions or shared settings (the table says so); default: refuse")
     parser.add_argument("--speed", type=int, metavar="N", help="time N steps of the old and the new step instead")
     parser.add_argument("--overhead", type=int, metavar="N",
                         help="time 2N steps of every arm, interleaved, and print each ÷ the first arm's instead")

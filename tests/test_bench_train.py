@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -19,17 +20,25 @@ def bench_train():
     return module
 
 
-def write_run(folder: Path, curve: list[float], step_seconds: list[float]) -> None:
-    """A run's metrics: evaluations at steps 0, 10, 20 and one record per training step with its time."""
+def write_run(folder: Path, curve: list[float], step_seconds: list[float], code: str = "abc") -> None:
+    """A run's metrics: evaluations at steps 0, 10, 20 and one record per training step with its time; stamped as
+    made by code revision ``code`` with its seed folder's shared settings."""
     folder.mkdir(parents=True)
     records = [{"step": 10 * k, "eval/greedy_success": value} for k, value in enumerate(curve)]
     records += [{"step": k + 1, "time/step": seconds} for k, seconds in enumerate(step_seconds)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["step"])))
+    settings = folder.parent / "train.yaml"
+    if not settings.exists():
+        settings.write_text("run: {seed: 0}\n")
+    stamp = {"code": code, "prepared_by": code, "arm": folder.name,
+             "shared_config_sha256": hashlib.sha256(settings.read_bytes()).hexdigest()}
+    (folder / "bench.json").write_text(json.dumps(stamp))
 
 
 def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     # Seed 0: GRPO 0.2 -> 0.4, GiGPO 0.2 -> 0.6; seed 1: GRPO 0.3 -> 0.5, GiGPO 0.3 -> 0.5.
-    # GiGPO's final - GRPO's: +20 and 0 points -> mean +10.0; its median step time over both seeds: 3.0 s.
+    # GiGPO's final - GRPO's: +20 and 0 points -> mean +10.0, t interval 10 ± 12.706·14.142/√2 = [−117.1, +137.1],
+    # exact permutation p = 4/4 (every flip of (20, 0) has |mean| = 10); median step time over both seeds 3.0 s.
     write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0, 1.0])
     write_run(tmp_path / "seed-1" / "grpo", [0.3, 0.4, 0.5], [1.0, 2.0])
     write_run(tmp_path / "seed-0" / "gigpo", [0.2, 0.5, 0.6], [2.0, 3.0])
@@ -39,7 +48,24 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     summary = [line.split(" | ") for line in table.splitlines() if line.startswith("| g")][:2]  # then per-seed rows
     rows = {cells[0].strip("| "): cells for cells in summary}
     assert rows["grpo"][2].startswith("45.0") and rows["gigpo"][2].startswith("55.0")  # final success, seed mean
-    assert rows["gigpo"][4].startswith("10.0")  # the paired final difference to GRPO
+    assert rows["gigpo"][4] == "+10.0 [−117.1, +137.1] p=1.000"  # the paired final difference to GRPO
+    assert rows["gigpo"][7] == "0 / 2"  # collapses
     assert rows["grpo"][-1].strip(" |") == "1.00" and rows["gigpo"][-1].strip(" |") == "3.00"  # median s / step
+    assert "abc: 4 runs" in table
     assert (tmp_path / "bench_train.png").stat().st_size > 0
     assert "adding the grpo arm" in capsys.readouterr().err
+
+
+def test_report_refuses_runs_of_different_revisions_unless_told(tmp_path, bench_train):
+    write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0], code="old")
+    write_run(tmp_path / "seed-0" / "deltattg-oracle", [0.2, 0.5, 0.6], [1.0], code="new")
+    args = ["--arms", "grpo", "deltattg@oracle", "--seeds", "0", "--out", str(tmp_path), "--report-only"]
+    with pytest.raises(ValueError, match="different code revisions"):
+        bench_train.main(args)
+    bench_train.main([*args, "--allow-mixed"])
+    table = (tmp_path / "bench_train.md").read_text()
+    assert "**mixed** (--allow-mixed)" in table and "old: 1 runs" in table and "new: 1 runs" in table
+    # A run of other shared settings (its seed's train.yaml changed after it ran) is refused too.
+    (tmp_path / "seed-0" / "train.yaml").write_text("run: {seed: 1}\n")
+    with pytest.raises(ValueError, match="other shared settings"):
+        bench_train.main(args)

@@ -27,9 +27,10 @@ def readings(draw, invalid_rate: float):
     can = draw(st.booleans())
     return MeterOutput(
         can_complete=can,
-        tokens_to_go=float(draw(st.integers(0, 3000))) if can else None,
+        tokens_to_go=float(draw(st.integers(0, 3000))) if can or draw(st.booleans()) else None,
         logit=draw(f32),
         score=draw(f32),
+        probability=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0]), st.floats(0, 1))),
     )
 
 
@@ -50,6 +51,11 @@ def batches(draw, max_groups: int = 4, max_size: int = 5, max_steps: int = 7):
         rho=draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
         cap=draw(st.sampled_from([1.0, 1.5, 2.0, 5.0])),
         failure_cost=float(draw(st.integers(1, 20000))),
+        soft=draw(st.booleans()),
+        hindsight=draw(st.booleans()),
+        smooth=draw(st.sampled_from([1, 3, 5])),
+        share_cap=draw(st.sampled_from([1.0, 1.5, 2.0, 1e12])),
+        trust=draw(st.sampled_from(["none", "auc"])),
     )
     return rewards, successes, groups, tokens, meter, config
 
@@ -101,8 +107,15 @@ def test_algorithm1_fallbacks(name, data):
     for g in batch.group[bad].unique():
         in_group = (batch.group == g) & (credit.advantage != 0)
         assert (codes[in_group] == Fallback.INVALID_GROUP).all()
-    if VARIANTS[name].has_completion_prediction:
-        never = ~(meter.can_complete & meter.valid & batch.step_mask).any(1)
+    config = data[-1]
+    variant = VARIANTS[name]
+    if variant.robust and config.soft:  # the soft readout still ranks states every b̂ calls unsuccessful
+        assert not (codes == Fallback.ALL_UNSUCCESSFUL).any()
+    elif variant.has_completion_prediction:
+        completable = meter.can_complete.clone()
+        if variant.robust and config.hindsight:
+            completable |= batch.success[:, None]
+        never = ~(completable & meter.valid & batch.step_mask).any(1)
         eligible = never & (codes != Fallback.ZERO_ADVANTAGE) & (codes != Fallback.INVALID_GROUP)
         assert (codes[eligible] == Fallback.ALL_UNSUCCESSFUL).all()
 
@@ -117,6 +130,7 @@ def test_matches_literal_algorithm1(name, data):
     A, W, token_adv = algorithm1(
         rewards, successes, groups, tokens, meter, config,
         signal=variant.signal, sign_aware=variant.sign_aware, uniform_mixing=variant.uniform_mixing,
+        robust=variant.robust,
     )
     assert credit.advantage.tolist() == pytest.approx(A, rel=1e-5, abs=1e-5)
     for i, weights in enumerate(W):

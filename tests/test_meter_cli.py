@@ -74,7 +74,7 @@ def test_score_adds_one_reading_per_action(tmp_path, meter_dir):
                  "--tokenizer", str(meter_dir / "backbone")]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [len(r["meter"]) for r in records] == [1 + i % 3 for i in range(6)]
-    assert all(set(m) == {"can_complete", "tokens_to_go", "logit"} for r in records for m in r["meter"])
+    assert all(set(m) == {"can_complete", "tokens_to_go", "logit", "probability"} for r in records for m in r["meter"])
     # The scored file is exactly what `credit` consumes.
     credit = tmp_path / "credit.jsonl"
     assert main(["credit", str(out), "--failure-cost", "500", "--out", str(credit), "--tokenizer",

@@ -22,6 +22,7 @@ from deltattg.command import (
     probability,
     run_parsed,
     seed_int,
+    turn_limit,
 )
 from deltattg.errors import InputError
 
@@ -238,30 +239,56 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     items = select_split(_read(args.data, args.skip_invalid), args.split, args.subset)
     if not items:
         raise UsageError("no trajectories left to train on (check --split / --subset)")
+    if args.kind == "generative":
+        if args.target != "ttg":
+            raise UsageError("--target score trains a regression meter (--kind regression)")
+        if args.ensemble != 1 or args.layer is not None or args.calibration_fraction:
+            raise UsageError("--ensemble, --layer and --calibration-fraction train a regression meter "
+                             "(--kind regression)")
+    limit = records_turn_limit(items) if args.turn_limit == "auto" else args.turn_limit
+    if limit is not None:
+        print(f"marking each decision state with the turns left of a {limit}-turn limit", file=sys.stderr)
+    heldout: list = []
+    if args.calibration_fraction:
+        from deltattg.demo.pipeline import split_by_task
+
+        items, heldout = split_by_task(items, args.calibration_fraction, args.seed)
+        if not items or not heldout:
+            raise UsageError(f"--calibration-fraction {args.calibration_fraction} leaves no tasks to train on or none "
+                             "to calibrate on")
     print(f"training a {args.kind} meter on {len(items)} trajectories", file=sys.stderr)
     tokenizer = _tokenizer(args.tokenizer)
     if args.kind == "regression":
         meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars,
-                          "pooling": args.pooling, "target": args.target, "ensemble": args.ensemble, "layer": args.layer}
+                          "pooling": args.pooling, "target": args.target, "ensemble": args.ensemble, "layer": args.layer,
+                          "turn_limit": limit}  # fmt: skip
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
                           "batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
             train_settings["lr_head_frozen" if not args.full else "lr_backbone"] = args.lr
-        report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer,
-                                  meter_settings=meter_settings, train_settings=train_settings)
+        report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer, meter_settings=meter_settings,
+                                  train_settings=train_settings, calibration=heldout)  # fmt: skip
         print(f"{report['examples']} decision states; final loss {report['final_loss']:.4f}", file=sys.stderr)
+        if "calibration" in report:
+            fit = report["calibration"]
+            print(f"completion temperature {fit['temperature']:.3f} on {fit['states']} held-out states (ECE "
+                  f"{fit['ece_before']:.3f} -> {fit['ece_after']:.3f})", file=sys.stderr)
     else:
-        if args.target != "ttg":
-            raise UsageError("--target score trains a regression meter (--kind regression)")
-        if args.ensemble != 1 or args.layer is not None:
-            raise UsageError("--ensemble and --layer train a regression meter (--kind regression)")
         settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
             settings["learning_rate"] = args.lr
         train_generative(items, args.model, args.out, stage=args.stage, count_tokenizer=tokenizer,
-                         max_prompt_tokens=args.max_length, lora=args.lora, train_settings=settings)
+                         max_prompt_tokens=args.max_length, lora=args.lora, train_settings=settings, turn_limit=limit)
     print(f"saved the meter to {args.out}", file=sys.stderr)
     return 0
+
+
+def records_turn_limit(items: Sequence) -> int | None:
+    """The turn limit every record's ``env.max_turns`` agrees on (``collect`` and ``train`` write it), else ``None``."""
+    limits = {(item.trajectory.extra.get("env") or {}).get("max_turns") if isinstance(item.trajectory.extra.get("env"), dict)
+              else None for item in items}  # fmt: skip
+    limit = limits.pop() if len(limits) == 1 else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else None
 
 
 def _meter(args: argparse.Namespace):
@@ -538,7 +565,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from deltattg.credit import CreditConfig, available_estimators, get_estimator
-    from deltattg.inspection import arms_of, inspect_credit, precision_table, write_report
+    from deltattg.inspection import arms_of, concentration_table, inspect_credit, precision_table, write_report
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in available_estimators()]
@@ -561,6 +588,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     write_report(result, inputs[0][1], Path(args.out), show=args.show)
     if result.precision:
         print(precision_table(result))
+    print(concentration_table(result))
     print(f"wrote inspect.md, inspect.json and inspect.png to {args.out}", file=sys.stderr)
     return 0
 
@@ -686,6 +714,14 @@ def build_parser() -> argparse.ArgumentParser:
     train_meter.add_argument("--stage", choices=["sft", "grpo", "sft+grpo"], default="sft+grpo",
                              help="generative: training stages (default sft+grpo)")
     train_meter.add_argument("--lora", action="store_true", help="generative: LoRA r=16 on q,v instead of full fine-tuning")
+    train_meter.add_argument("--turn-limit", type=turn_limit, default="auto", metavar="N|auto|none",
+                             help="mark every decision state with the turns left of an N-turn episode limit (the "
+                             "meter can then see a time-out coming). auto (default): the records' env.max_turns when "
+                             "they all carry the same one (deltattg collect writes it), else none")
+    train_meter.add_argument("--calibration-fraction", type=number(float, low=0, high=0.5), default=0.0, metavar="F",
+                             help="regression: hold out this fraction of the tasks (groups) from training and fit "
+                             "the completion temperature on their states, p̃ = σ(logit / T), stored with the meter "
+                             "(read by deltattg_robust's soft readout); default 0: T = 1")
     train_meter.add_argument("--seed", type=seed_int, default=RegressionTrainConfig.seed)
     _add_tokenizer(train_meter)
     _add_skip_invalid(train_meter)

@@ -62,6 +62,13 @@ failure_cost = number(float, low=0, low_open=True, high=1e12)  # credit.batch.MA
 multiplier_cap = number(float, low=1, high=1e12)
 
 
+def turn_limit(text: str) -> int | str | None:
+    """An argparse ``type`` for ``--turn-limit``: a positive number of turns, ``auto`` or ``none`` (``None``)."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    return number(int, low=1, high=10**6)(text)
+
+
 def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     """Parse ``argv`` and run the chosen ``func``: bad input and bad option combinations end with ``PROG COMMAND:
     error: ...`` and exit status 2 (shared by ``deltattg`` and the subcommands that also run on their own)."""

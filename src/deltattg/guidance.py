@@ -176,6 +176,11 @@ def compare_guidance(
 
     if candidates < 1:
         raise ValueError(f"candidates must be at least 1, got {candidates}")
+    if getattr(meter, "turn_limit", None) is not None:  # its input states the turns left: of these episodes?
+        from deltattg.meter.loading import check_meter_turn_limit
+
+        limit = max_turns if max_turns is not None else make_env().max_steps
+        check_meter_turn_limit(meter, limit, "the meter", "the episodes' turn limit (--max-turns)")
     arms: list[tuple[str, int, Callable[[], Policy]]] = [("natural rollout", 1, make_actor)]
     guided: list[GuidedPolicy] = []
 

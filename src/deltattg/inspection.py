@@ -78,6 +78,44 @@ def credit_precision(records: Sequence[dict], classes: Sequence[Sequence[str]]) 
     return Precision(share[1], share[-1], count[1], count[-1])
 
 
+@dataclass(frozen=True)
+class Concentration:
+    """How concentrated an arm's credit is within a trajectory, over the trajectories that get any (A ≠ 0). A step's
+    *share* is its |Ã_t|·n_t over the trajectory's Σ_s |Ã_s|·n_s.
+
+    ``largest_share_mean`` / ``largest_share_p90``: the mean and 90th percentile of the largest step share (GRPO's is
+    the longest action's token share); ``share_entropy``: the mean entropy (nats) of the step shares (GRPO's is the
+    token shares' entropy; ln T for T equal steps); ``redistributed``: the mean total-variation distance between the
+    step shares and the token shares, ½·Σ_t |share_t − n_t/N_i| — how much of the credit moved away from where GRPO
+    puts it (0 for GRPO, 1 at most)."""
+
+    largest_share_mean: float
+    largest_share_p90: float
+    share_entropy: float
+    redistributed: float
+    trajectories: int
+
+
+def credit_concentration(records: Sequence[dict]) -> Concentration:
+    """:class:`Concentration` of credit records (``assign_credit``'s: ``step_advantages``, ``step_tokens``)."""
+    import numpy as np
+
+    largest, entropy, moved = [], [], []
+    for record in records:
+        tokens = np.asarray(record["step_tokens"], dtype=float)
+        mass = np.abs(np.asarray(record["step_advantages"], dtype=float)) * tokens
+        if mass.sum() <= 0 or tokens.sum() <= 0:
+            continue
+        share = mass / mass.sum()
+        largest.append(share.max())
+        entropy.append(float(-(share[share > 0] * np.log(share[share > 0])).sum()))
+        moved.append(0.5 * float(np.abs(share - tokens / tokens.sum()).sum()))
+    if not largest:
+        return Concentration(*[float("nan")] * 4, 0)  # type: ignore[arg-type]
+    return Concentration(float(np.mean(largest)), float(np.percentile(largest, 90)), float(np.mean(entropy)),
+                         float(np.mean(moved)), len(largest))  # fmt: skip
+
+
 @dataclass
 class Inspection:
     """Every arm's credit records, the step classes (with a replaying environment) and each arm's precision."""
@@ -88,6 +126,7 @@ class Inspection:
     classes: list[list[str]] | None = None
     distances: list[list[int]] | None = None
     precision: dict[str, Precision] = field(default_factory=dict)
+    concentration: dict[str, Concentration] = field(default_factory=dict)
 
     def census(self) -> dict[str, int]:
         """How many steps of each class the trajectories hold."""
@@ -127,6 +166,7 @@ def inspect_credit(arms: Sequence[CreditArm], config: CreditConfig, *, env: str 
     check_same_trajectories(arms)
     records = {arm.label: assign_credit(arm.items, arm.method, config, tokenizer) for arm in arms}
     result = Inspection([a.label for a in arms], {a.label: a.method for a in arms}, records)
+    result.concentration = {label: credit_concentration(rows) for label, rows in records.items()}
     if env is not None:
         if env != "household":
             raise ValueError(f"credit precision needs a planner; only --env household has one, not {env!r}")
@@ -163,6 +203,17 @@ def precision_table(result: Inspection) -> str:
         p = result.precision[label]
         lines.append(f"| {label} | {result.methods[label]} | {percent(p.positive_on_progress)} | "
                      f"{percent(p.negative_off_progress)} | {p.positive_trajectories} / {p.negative_trajectories} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def concentration_table(result: Inspection) -> str:
+    """The markdown concentration table (one row per arm; :class:`Concentration`)."""
+    lines = ["| arm | method | largest step share, mean | largest step share, p90 | share entropy (nats) "
+             "| credit moved from GRPO's places % | trajectories |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label in result.arms:
+        c = result.concentration[label]
+        lines.append(f"| {label} | {result.methods[label]} | {c.largest_share_mean:.3f} | {c.largest_share_p90:.3f} | "
+                     f"{c.share_entropy:.3f} | {percent(c.redistributed)} | {c.trajectories} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -226,6 +277,8 @@ def write_report(result: Inspection, items: Sequence[Located], out: Path, *, sho
         parts += ["## Credit precision (the household planner's step classes)", precision_table(result),
                   f"Steps: {census['progress']} progress, {census['neutral']} neutral, {census['regress']} regress. "
                   "GRPO's row is the uniform baseline: each step's token share."]  # fmt: skip
+    parts += ["## Credit concentration", concentration_table(result),
+              "A step's share is its |credit|·tokens over its trajectory's; trajectories with A ≠ 0 only."]
     parts += ["## Per-step credit", "![per-step credit](inspect.png)"]
     for k in shown:
         record = result.records[result.arms[0]][k]
@@ -241,6 +294,7 @@ def write_report(result: Inspection, items: Sequence[Located], out: Path, *, sho
     figures = {
         "arms": [{"label": label, "method": result.methods[label]} for label in result.arms],
         "precision": {label: asdict(p) for label, p in result.precision.items()},
+        "concentration": {label: asdict(c) for label, c in result.concentration.items()},
         "census": result.census() if result.classes else None,
         "shown": [{"id": result.records[result.arms[0]][k]["id"], "steps": step_rows(result, k, actions[k])}
                   for k in shown],  # fmt: skip

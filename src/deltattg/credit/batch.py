@@ -14,8 +14,11 @@ from torch import Tensor
 class MeterReadings:
     """Frozen-meter readings of each decision state h_{i,t}, padded ``[n, S]``; meaningful only where ``valid``.
 
-    ``valid`` is False for an invalid (unparseable, failed) reading and at padding. ``tokens_to_go`` is v̂ where
-    ``can_complete`` (b̂) is True. ``logit`` (E.4 +logit) and ``score`` (E.4 +value) are present only when read.
+    ``valid`` is False for an invalid (unparseable, failed) reading and at padding. ``tokens_to_go`` is v̂ — also
+    where ``can_complete`` (b̂) is False when the meter gives it there (a regression meter's work-if-it-completes), +∞
+    where it gives none (every cost clamps v̂ to C). ``logit`` (E.4 +logit) and ``score`` (E.4 +value) are present
+    only when read; ``probability`` is the calibrated completion probability p̃ where the meter gives one and b̂ as
+    0/1 elsewhere (the robust credit's soft readout), ``None`` when not built.
     """
 
     valid: Tensor
@@ -23,6 +26,7 @@ class MeterReadings:
     tokens_to_go: Tensor
     logit: Tensor | None = None
     score: Tensor | None = None
+    probability: Tensor | None = None
 
 
 @dataclass
@@ -88,6 +92,12 @@ class CreditConfig:
     crest_beta: float = 0.5  # β_v: Ã_{i,t} = A_i + β_v·ṽ_{i,t}, ṽ the verified outcome z-scored per (prompt, turn)
     crest_epsilon: float = 0.2  # ε_w: the teacher's magnitude factor w is clipped to [1 − ε_w, 1 + ε_w]
     crest_floor: float = 0.5  # w_min: w >= w_min > 0 (so w never flips a sign), after the entropy gate
+    # ---- robust DeltaTTG (ours; deltattg.credit.robust): the defaults are the recommended configuration ----
+    soft: bool = True  # soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the calibrated probability p̃ (else b̂)
+    hindsight: bool = True  # p̃ = 1 on the states of successful trajectories
+    smooth: int = 3  # running median of this many states over the cost trace (1: none); odd
+    share_cap: float = 2.0  # κ: no step's share q_t exceeds κ/T_i (1: GRPO's uniform shares)
+    trust: str = "auc"  # auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ on the batch; none
 
     def __post_init__(self) -> None:
         for setting in fields(self):  # every float setting is finite (C may be unset)
@@ -133,6 +143,16 @@ class CreditConfig:
             raise ValueError(f"crest_epsilon (CrEST's ε_w) must be in [0, 100], got {self.crest_epsilon}")
         if not 0.0 < self.crest_floor <= 1.0:  # > 0: w never zeroes or flips a sign; <= 1: w = 1 stays reachable
             raise ValueError(f"crest_floor (CrEST's w_min) must be in (0, 1], got {self.crest_floor}")
+        for flag in ("soft", "hindsight"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        smooth = self.smooth
+        if isinstance(smooth, bool) or not isinstance(smooth, int) or not 1 <= smooth <= 99 or smooth % 2 == 0:
+            raise ValueError(f"smooth (the running median's window) must be an odd integer in [1, 99], got {smooth!r}")
+        if not 1.0 <= self.share_cap <= MAX_CREDIT_SETTING:
+            raise ValueError(f"the share cap κ must be in [1, {MAX_CREDIT_SETTING:g}], got {self.share_cap}")
+        if self.trust not in ("none", "auc"):
+            raise ValueError(f"trust must be none or auc, got {self.trust!r}")
 
 
 class Fallback(enum.IntEnum):
@@ -163,6 +183,7 @@ class Credit:
     fallback: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int8))
     step_weights: Tensor | None = None
     clip_scale: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # batch-level readings an estimator reports (trust, AUC)
 
     @classmethod
     def weighted(cls, advantage: Tensor, step_weights: Tensor, fallback: Tensor) -> Credit:

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from deltattg.credit import robust
 from deltattg.credit.batch import Credit, CreditConfig, Fallback, MeterReadings, StepBatch
 from deltattg.credit.grpo import group_sum, outcome_advantage
 from deltattg.credit.registry import Estimator, Option, Reads, register
@@ -85,6 +86,22 @@ def progress_potential(batch: StepBatch, config: CreditConfig, signal: Signal) -
     raise ValueError(f"unknown progress signal {signal!r}")
 
 
+def robust_potential(batch: StepBatch, config: CreditConfig) -> Tensor:
+    """Φ = −c for the robust record (ours, :mod:`deltattg.credit.robust`): p̃ (hindsight: 1 on successful
+    trajectories), the soft readout (or b̂ with ``soft`` off), the terminal anchored (Eq. 7), then the running
+    median of ``smooth`` states over c_0..c_T."""
+    meter = batch.meter
+    assert meter is not None
+    if config.failure_cost is None:
+        raise ValueError("the robust estimator needs a failure cost C (--failure-cost)")
+    probability = robust.completion_probability(meter) if config.soft else meter.can_complete.to(meter.tokens_to_go.dtype)
+    if config.hindsight:
+        probability = robust.hindsight_probability(probability, batch.success)
+    costs = robust.expected_costs(probability, meter.tokens_to_go, config.failure_cost)
+    trace = append_terminal(costs, terminal_cost(batch.success, config.failure_cost, costs.dtype), batch.num_steps)
+    return -robust.running_median(trace, batch.num_steps, config.smooth)
+
+
 def progress_deltas(potential: Tensor, step_mask: Tensor) -> Tensor:
     """Δ_{i,t} = Φ_{i,t+1} − Φ_{i,t} = c_{i,t} − c_{i,t+1} (Eq. 8); 0 at padding."""
     return torch.where(step_mask, potential[:, 1:] - potential[:, :-1], torch.zeros_like(potential[:, 1:]))
@@ -127,11 +144,7 @@ def bounded_token_normalization(shares: Tensor, step_tokens: Tensor, cap: float)
     mass = (tokens * shares).sum(dim=1, keepdim=True)
     degenerate = (mass <= 0) | (total_tokens <= 0)
     w0 = total_tokens * shares / torch.where(degenerate, torch.ones_like(mass), mass)
-    below = w0 < cap
-    excess = (tokens * (w0 - cap).clamp(min=0)).sum(dim=1, keepdim=True)
-    capacity = (tokens * (cap - w0) * below).sum(dim=1, keepdim=True)
-    lam = torch.where(capacity > 0, excess / torch.where(capacity > 0, capacity, torch.ones_like(capacity)), 0.0)
-    weights = torch.where(below, w0 + lam * (cap - w0), torch.full_like(w0, cap))
+    weights = robust.capped_with_refill(w0, tokens, cap)
     return torch.where(degenerate, torch.ones_like(weights), weights).to(dtype)
 
 
@@ -142,6 +155,7 @@ class Variant:
     signal: Signal = "ttg"
     sign_aware: bool = True
     uniform_mixing: bool = True
+    robust: bool = False  # the robust stages (ours): soft readout, hindsight, smoothing, share cap, trust
 
     @property
     def has_completion_prediction(self) -> bool:
@@ -162,19 +176,30 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     group_invalid = group_sum(invalid.to(advantage.dtype), batch.group, batch.num_groups) > 0
     invalid_group = group_invalid[batch.group]
 
-    # Lines 14-15: every state predicted unsuccessful -> keep the original advantage.
-    if variant.has_completion_prediction:
-        all_unsuccessful = ~((meter.can_complete & meter.valid & step_mask).any(dim=1))
+    # Lines 14-15: every state predicted unsuccessful -> keep the original advantage. (The robust record's soft
+    # readout still ranks such states by p̃, and hindsight makes a successful trajectory's states completable.)
+    predicted = meter.can_complete
+    if variant.robust and config.hindsight:
+        predicted = predicted | batch.success[:, None]
+    if variant.has_completion_prediction and not (variant.robust and config.soft):
+        all_unsuccessful = ~((predicted & meter.valid & step_mask).any(dim=1))
     else:
         all_unsuccessful = torch.zeros_like(invalid)
 
     # Lines 17-27 for everyone at once; the rules above decide who keeps them.
-    safe = _without_invalid_readings(meter, step_mask)
-    potential = progress_potential(replace(batch, meter=safe), config, variant.signal)
+    safe = replace(batch, meter=_without_invalid_readings(meter, step_mask))
+    potential = robust_potential(safe, config) if variant.robust else progress_potential(safe, config, variant.signal)
     delta = progress_deltas(potential, step_mask)
     mass = allocation_mass(delta, advantage, step_mask, sign_aware=variant.sign_aware)
     shares, zero_mass = mixed_shares(mass, step_mask, config.rho if variant.uniform_mixing else 0.0)
+    if variant.robust:
+        shares = robust.capped_shares(shares, step_mask, config.share_cap)
     weights = bounded_token_normalization(shares, batch.step_tokens, config.cap)
+    metrics: dict[str, float] = {}
+    if variant.robust and config.trust == "auc":  # how well p̃ ranks this batch's queried states by their outcomes
+        auc, trust = robust.batch_trust(robust.completion_probability(meter), batch.success, queried & meter.valid)
+        weights = robust.trusted_weights(weights, trust, step_mask)
+        metrics = {"credit/auc": auc, "credit/trust": trust}
 
     keep = (advantage == 0) | invalid_group | all_unsuccessful
     weights = torch.where(keep[:, None], torch.ones_like(weights), weights) * step_mask
@@ -183,7 +208,9 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     fallback[all_unsuccessful] = Fallback.ALL_UNSUCCESSFUL
     fallback[invalid_group] = Fallback.INVALID_GROUP
     fallback[advantage == 0] = Fallback.ZERO_ADVANTAGE
-    return Credit.weighted(advantage, weights, fallback)
+    credit = Credit.weighted(advantage, weights, fallback)
+    credit.metrics = metrics
+    return credit
 
 
 def _without_invalid_readings(meter: MeterReadings, step_mask: Tensor) -> MeterReadings:
@@ -202,11 +229,15 @@ def _without_invalid_readings(meter: MeterReadings, step_mask: Tensor) -> MeterR
         tokens_to_go=clean(meter.tokens_to_go),  # type: ignore[arg-type]
         logit=clean(meter.logit),
         score=clean(meter.score),
+        probability=clean(meter.probability),
     )
 
 
+RECOMMENDED = "deltattg_robust"
+
 VARIANTS: dict[str, Variant] = {
     "deltattg": Variant(),
+    RECOMMENDED: Variant(robust=True),
     "pos": Variant(sign_aware=False),
     "rho0": Variant(uniform_mixing=False),
     "feas": Variant(signal="feas"),
@@ -216,6 +247,8 @@ VARIANTS: dict[str, Variant] = {
 
 _DOCS = {
     "deltattg": "DeltaTTG: Token-to-Go progress redistributes A_i over steps (Eq. 7-11, Algorithm 1).",
+    RECOMMENDED: "Robust DeltaTTG (ours; recommended): the paper's credit made safe for a learned meter: calibrated "
+                 "soft readout, hindsight on successes, running-median smoothing, share cap, on-batch trust.",
     "pos": "DeltaTTG without sign-aware reversal: m = max(Δ, 0) for every A_i (E.4, Eq. 21).",
     "rho0": "DeltaTTG without uniform mixing: ρ = 0 (E.4, Eq. 22).",
     "feas": "DeltaTTG with binary feasibility only: costs 0 / C (E.4, Eq. 20).",
@@ -229,6 +262,13 @@ OPTIONS = {
     "failure_cost": Option("failure_cost", None, "cost C of predicted failure and of a failed end (Eq. 7)"),
     "logit_clip": Option("logit_clip", 10.0, "logit clip L (Eq. 19)"),
 }
+ROBUST_OPTIONS = (
+    Option("soft", CreditConfig.soft, "soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the calibrated p̃ (ours)"),
+    Option("hindsight", CreditConfig.hindsight, "p̃ = 1 on the states of successful trajectories (ours)"),
+    Option("smooth", CreditConfig.smooth, "running median of this many states over c_0..c_T (1: none; ours)"),
+    Option("share_cap", CreditConfig.share_cap, "share cap κ: q_t ≤ κ/T_i (1: GRPO's shares; ours)"),
+    Option("trust", CreditConfig.trust, "auc: scale by clip(2·AUC − 1, 0, 1) of p̃ on the batch; none (ours)"),
+)
 
 
 def family_record(name: str, variant: Variant) -> Estimator:
@@ -242,6 +282,7 @@ def family_record(name: str, variant: Variant) -> Estimator:
     cost = variant.signal in ("ttg", "feas")
     options = [OPTIONS["rho"]] * variant.uniform_mixing + [OPTIONS["cap"]]
     options += [OPTIONS["failure_cost"]] * cost + [OPTIONS["logit_clip"]] * (variant.signal == "logit")
+    options += list(ROBUST_OPTIONS) * variant.robust
     return Estimator(name, estimator, _DOCS[name], frozenset({Reads.METER}), READING[variant.signal], cost,
                      tuple(options))  # fmt: skip
 

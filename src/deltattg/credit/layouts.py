@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -47,26 +48,31 @@ def pad_steps(rows: Sequence[Sequence[float]], dtype: torch.dtype = torch.float3
 def meter_readings(
     entries: Sequence[Sequence[MeterOutput | None]], width: int, device: torch.device | str = "cpu"
 ) -> MeterReadings:
-    """Padded tensors from per-trajectory lists of meter outputs (``None`` = invalid reading)."""
+    """Padded tensors from per-trajectory lists of meter outputs (``None`` = invalid reading); see
+    :class:`MeterReadings` for what stands where a reading lacks a field."""
     n = len(entries)
     valid = torch.zeros(n, width, dtype=torch.bool)
     can_complete = torch.zeros(n, width, dtype=torch.bool)
     ttg = torch.zeros(n, width)
     logit = torch.zeros(n, width)
     score = torch.zeros(n, width)
+    probability = torch.zeros(n, width)
     for i, row in enumerate(entries):
         for t, out in enumerate(row):
             if out is None:
                 continue
             valid[i, t] = True
-            if out.can_complete:
-                can_complete[i, t] = True
-                ttg[i, t] = float(out.tokens_to_go or 0.0)
+            can_complete[i, t] = bool(out.can_complete)
+            if out.tokens_to_go is not None:
+                ttg[i, t] = float(out.tokens_to_go)
+            elif not out.can_complete:
+                ttg[i, t] = math.inf
             if out.logit is not None:
                 logit[i, t] = out.logit
             if out.score is not None:
                 score[i, t] = out.score
-    return MeterReadings(*(x.to(device) for x in (valid, can_complete, ttg, logit, score)))
+            probability[i, t] = float(bool(out.can_complete)) if out.probability is None else out.probability
+    return MeterReadings(*(x.to(device) for x in (valid, can_complete, ttg, logit, score, probability)))
 
 
 def step_batch(

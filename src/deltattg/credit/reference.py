@@ -7,6 +7,7 @@ Plain floats and loops, one line of the algorithm after another; nothing here is
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
@@ -37,15 +38,54 @@ def bounded_normalization(q: list[float], n: list[int], cap: float) -> list[floa
     mass = sum(nt * qt for nt, qt in zip(n, q))
     if total == 0 or mass <= 0:
         return [1.0] * len(q)
-    w = [total * qt / mass for qt in q]
+    return capped([total * qt / mass for qt in q], n, cap)
+
+
+def capped(w: list[float], n: Sequence[int], cap: float) -> list[float]:
+    """Cut every value above ``cap`` to it and hand the excess to the values below by their room, repeat."""
+    scale = max(sum(n), 1)
     while True:
         excess = sum(nt * (wt - cap) for nt, wt in zip(n, w) if wt > cap)
-        if excess <= 1e-12 * total:
+        if excess <= 1e-12 * scale:
             return [min(wt, cap) for wt in w]
         capacity = sum(nt * (cap - wt) for nt, wt in zip(n, w) if wt < cap)
         if capacity <= 0:
             return [min(wt, cap) for wt in w]
         w = [cap if wt >= cap else wt + excess * (cap - wt) / capacity for wt in w]
+
+
+# ---- the robust record's stages (ours), literally -------------------------------------------------------------------
+def robust_cost(r: MeterOutput, success: bool, config: CreditConfig) -> float:
+    """c = p̃·min(v̂, C) + (1 − p̃)·C, p̃ the calibrated probability (b̂ without one, or with ``soft`` off), 1 on a
+    successful trajectory with ``hindsight``; v̂ missing counts as C."""
+    C = config.failure_cost
+    p = 1.0 if r.can_complete else 0.0
+    if config.soft and r.probability is not None:
+        p = r.probability
+    if config.hindsight and success:
+        p = 1.0
+    v = C if r.tokens_to_go is None else min(r.tokens_to_go, C)
+    return p * v + (1.0 - p) * C
+
+
+def running_median(values: list[float], window: int) -> list[float]:
+    """Each value replaced by the median of the ``window`` values centred on it, the ends repeated beyond them."""
+    half = window // 2
+    last = len(values) - 1
+    return [statistics.median(values[min(max(t + j, 0), last)] for j in range(-half, half + 1)) for t in range(len(values))]
+
+
+def batch_trust(A: Sequence[float], successes: Sequence[bool], meter: Sequence[Sequence[MeterOutput | None]]) -> float:
+    """τ = clip(2·AUC − 1, 0, 1): AUC of p̃ over every valid reading of an A ≠ 0 trajectory against its outcome, by
+    counting all pairs (ties half)."""
+    scored = [((r.probability if r.probability is not None else float(bool(r.can_complete))), successes[i])
+              for i in range(len(A)) if A[i] != 0 for r in meter[i] if r is not None]  # fmt: skip
+    positives = [p for p, s in scored if s]
+    negatives = [p for p, s in scored if not s]
+    if not positives or not negatives:
+        return 0.0
+    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in positives for b in negatives)
+    return min(max(2.0 * wins / (len(positives) * len(negatives)) - 1.0, 0.0), 1.0)
 
 
 def algorithm1(
@@ -59,8 +99,10 @@ def algorithm1(
     signal: str = "ttg",
     sign_aware: bool = True,
     uniform_mixing: bool = True,
+    robust: bool = False,
 ) -> tuple[list[float], list[list[float]], list[list[float]]]:
-    """Lines 6–31 of Algorithm 1 for one batch: (A_i, w_{i,t}, Ã_{i,t,k} for every token)."""
+    """Lines 6–31 of Algorithm 1 for one batch: (A_i, w_{i,t}, Ã_{i,t,k} for every token); ``robust``: with the
+    robust record's stages (ours, ``deltattg.credit.robust``) as ``config`` sets them."""
     C = config.failure_cost
     rho = config.rho if uniform_mixing else 0.0
     T = [len(n) for n in step_tokens]
@@ -72,16 +114,20 @@ def algorithm1(
             for t in range(T[i]):
                 if meter[i][t] is None:
                     valid_group[groups[i]] = False
+    trust = batch_trust(A, successes, meter) if robust and config.trust == "auc" else 1.0
     for i in range(len(T)):  # line 13
         if A[i] == 0 or not valid_group[groups[i]]:
             continue  # keep original advantages (line 31)
         readings = meter[i]
-        if signal in ("ttg", "feas") and all(not r.can_complete for r in readings):  # type: ignore[union-attr]
+        completable = [r.can_complete or (robust and config.hindsight and successes[i]) for r in readings]  # type: ignore[union-attr]
+        if signal in ("ttg", "feas") and not (robust and config.soft) and not any(completable):
             continue  # line 15
         potential = []
         for t in range(T[i]):  # line 17 (and the E.4 variants)
             r = readings[t]
-            if signal == "ttg":
+            if robust:
+                potential.append(-robust_cost(r, successes[i], config))  # type: ignore[arg-type]
+            elif signal == "ttg":
                 potential.append(-(min(r.tokens_to_go, C) if r.can_complete else C))  # v̂ clamped to C (ours)
             elif signal == "feas":
                 potential.append(-(0.0 if r.can_complete else C))
@@ -95,6 +141,8 @@ def algorithm1(
             potential.append(config.logit_clip if successes[i] else -config.logit_clip)
         else:
             potential.append(rewards[i])
+        if robust:
+            potential = running_median(potential, config.smooth)
         delta = [potential[t + 1] - potential[t] for t in range(T[i])]  # line 19
         sign = (1.0 if A[i] > 0 else -1.0) if sign_aware else 1.0
         m = [max(sign * d, 0.0) for d in delta]  # line 20
@@ -102,7 +150,11 @@ def algorithm1(
             q = [1.0 / T[i]] * T[i]
         else:  # line 24
             q = [rho / T[i] + (1 - rho) * m[t] / sum(m) for t in range(T[i])]
+        if robust:
+            q = capped(q, [1] * T[i], config.share_cap / T[i])
         weights[i] = bounded_normalization(q, list(step_tokens[i]), config.cap)  # lines 26-27
+        if robust:
+            weights[i] = [1.0 + trust * (w - 1.0) for w in weights[i]]
     token_advantages = [  # line 28
         [A[i] * weights[i][t] for t in range(T[i]) for _ in range(step_tokens[i][t])] for i in range(len(T))
     ]

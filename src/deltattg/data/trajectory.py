@@ -43,25 +43,30 @@ MAX_MAGNITUDE = 1e9  # |reward|, |logit|, |score|, |logprob|
 class MeterOutput:
     """One progress-meter reading of a decision prefix (an invalid reading is ``None``, never a MeterOutput).
 
-    ``can_complete`` / ``tokens_to_go`` are the paper's (b̂, v̂) (§3.1; v̂ is used where b̂ is true — a meter may also
-    give it where b̂ is false, the JSON form drops it there); ``logit`` is log p(true) − log p(false) after
-    ``{"can_complete":`` (E.4, +logit); ``score`` is a final-score estimate S_φ(h) (E.4, +value).
+    ``can_complete`` / ``tokens_to_go`` are the paper's (b̂, v̂) (§3.1; the paper's credit reads v̂ only where b̂ is
+    true; a regression meter also gives it where b̂ is false — the remaining work *if* the task completes — which the
+    soft readout reads); ``logit`` is log p(true) − log p(false) after ``{"can_complete":`` (E.4, +logit);
+    ``score`` is a final-score estimate S_φ(h) (E.4, +value); ``probability`` is the meter's calibrated completion
+    probability p̃ (its logit over the temperature fitted on held-out states; the robust credit's soft readout).
     """
 
     can_complete: bool | None = None
     tokens_to_go: float | None = None
     logit: float | None = None
     score: float | None = None
+    probability: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.can_complete is not None:
             out["can_complete"] = self.can_complete
-            out["tokens_to_go"] = _plain_number(self.tokens_to_go) if self.can_complete else None
+            out["tokens_to_go"] = _plain_number(self.tokens_to_go)
         if self.logit is not None:
             out["logit"] = self.logit
         if self.score is not None:
             out["score"] = self.score
+        if self.probability is not None:
+            out["probability"] = self.probability
         return out
 
 
@@ -274,16 +279,16 @@ def parse_meter_output(value: Any, name: str) -> MeterOutput | None:
         return None
     if not isinstance(value, dict):
         raise InputError(f"must be an object or null, got {type(value).__name__}", field=name)
-    unknown = set(value) - {"can_complete", "tokens_to_go", "logit", "score"}
+    unknown = set(value) - {"can_complete", "tokens_to_go", "logit", "score", "probability"}
     if unknown:
         raise InputError(f"unknown keys {sorted(unknown)}", field=name)
     can_complete = tokens_to_go = None
     if "can_complete" in value:
         can_complete = _as_bool(value["can_complete"], f"{name}.can_complete")
         raw = value.get("tokens_to_go")
-        if can_complete:
-            if raw is None:
-                raise InputError("must be a number when can_complete is true", field=f"{name}.tokens_to_go")
+        if can_complete and raw is None:
+            raise InputError("must be a number when can_complete is true", field=f"{name}.tokens_to_go")
+        if raw is not None:  # where b̂ is false it is optional: the work left if the task does complete
             tokens_to_go = _as_finite(raw, f"{name}.tokens_to_go", MAX_TOKENS_TO_GO)
             if tokens_to_go < 0:
                 raise InputError(f"must be non-negative, got {raw!r}", field=f"{name}.tokens_to_go")
@@ -291,9 +296,12 @@ def parse_meter_output(value: Any, name: str) -> MeterOutput | None:
         raise InputError("tokens_to_go without can_complete", field=name)
     logit = _as_finite(value["logit"], f"{name}.logit") if "logit" in value else None
     score = _as_finite(value["score"], f"{name}.score") if "score" in value else None
+    probability = _as_finite(value["probability"], f"{name}.probability") if "probability" in value else None
+    if probability is not None and not 0.0 <= probability <= 1.0:
+        raise InputError(f"must be in [0, 1], got {value['probability']!r}", field=f"{name}.probability")
     if can_complete is None and logit is None and score is None:
         raise InputError("an empty reading (use null for an invalid one)", field=name)
-    return MeterOutput(can_complete, tokens_to_go, logit, score)
+    return MeterOutput(can_complete, tokens_to_go, logit, score, probability)
 
 
 def _optional_ids(step: dict, key: str, name: str) -> list[int] | None:

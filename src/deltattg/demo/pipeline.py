@@ -34,7 +34,7 @@ from deltattg.data.trajectory import MeterOutput, Trajectory
 from deltattg.demo.config import ACTOR_IN_POOL, DemoConfig
 from deltattg.envs.base import Environment, Task
 from deltattg.guidance import GuidanceRow, compare_guidance
-from deltattg.meter.fit import MeterFit, meter_fit
+from deltattg.meter.fit import MeterFit, calibrate, meter_fit
 from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
 from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
@@ -180,13 +180,17 @@ def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, f
 
 
 # ---- stage 3: the progress meter -------------------------------------------------------------------------------------
-def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path) -> dict:
+def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path,
+                heldout: Sequence[Trajectory] = ()) -> dict:
     """A regression meter (tiny Llama backbone over the actor's tokenizer + head) trained end to end on every
-    decision state of ``trajectories`` (Eq. 1–2 labels), saved to ``folder``; returns the training report."""
+    decision state of ``trajectories`` (Eq. 1–2 labels; each state marked with the turns left), its completion
+    temperature fitted on the ``heldout`` trajectories' states, saved to ``folder``; returns the training report
+    (with ``calibration``)."""
     backbone = tiny_llama(tokenizer, hidden=config.meter_hidden, layers=config.meter_layers, heads=config.meter_heads,
                           max_positions=config.meter_max_length, seed=config.seed).model  # fmt: skip
     meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
-                                                                  head_hidden=4 * config.meter_hidden))  # fmt: skip
+                                                                  head_hidden=4 * config.meter_hidden,
+                                                                  turn_limit=config.max_turns))  # fmt: skip
     windows, examples = [], []
     for t in trajectories:
         w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows))
@@ -196,7 +200,11 @@ def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenize
                                      batch_size=config.meter_batch_size, lr_backbone=config.meter_lr,
                                      lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume
                                      seed=config.seed, progress=False)  # fmt: skip
-    return train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
+    report = train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
+    if heldout:
+        report["calibration"] = calibrate(meter.eval(), heldout).as_dict()
+        meter.save_pretrained(folder)
+    return report
 
 
 # ---- stage 4: RL with GRPO and DeltaTTG ------------------------------------------------------------------------------
@@ -223,50 +231,73 @@ def trainer_settings(config: DemoConfig, actor_spec: str, layout: str) -> dict:
 
 @dataclass(frozen=True)
 class Arm:
-    """One RL run of a comparison: an estimator and the meter it reads. Spec ``METHOD[@METER]``: ``grpo``,
-    ``deltattg`` (the learned meter), ``deltattg@oracle`` (the household planner), ``deltattg@oracle:SIGMA:P`` (the
-    oracle with log-normal noise σ on v̂ and b̂ flipped with probability p), ``pos@oracle``, ..."""
+    """One RL run of a comparison: an estimator, its credit settings and the meter it reads. Spec
+    ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@oracle`` (the household
+    planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
+    p), ``pos@oracle``, ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields), ..."""
 
     method: str
     meter: str | None = None  # None (the method reads none), "learned" or "oracle"
     noise: float = 0.0
     flip: float = 0.0
+    options: tuple[tuple[str, str], ...] = ()  # credit settings (CreditConfig field, value as written)
 
     @classmethod
     def parse(cls, spec: str) -> Arm:
         from deltattg.credit import available_estimators
         from deltattg.credit.records import needs_meter
 
-        method, _, meter = spec.partition("@")
+        head, _, meter = spec.partition("@")
+        method, bracket, rest = head.partition("[")
+        options = parse_credit_options(spec, rest) if bracket else ()
         if not needs_meter(method):
             if meter or method not in (*available_estimators(), "dapo"):
                 raise ValueError(f"arm {spec!r}: {method} is not a method (or reads no meter)")
-            return cls(method)
+            return cls(method, options=options)
         kind, *dials = meter.split(":") if meter else ["learned"]
         if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) != 2)):
             raise ValueError(f"arm {spec!r}: the meter is learned, oracle or oracle:SIGMA:P")
         noise, flip = (float(d) for d in dials) if dials else (0.0, 0.0)
-        return cls(method, kind, noise, flip)
+        return cls(method, kind, noise, flip, options)
 
     @property
     def name(self) -> str:
+        settings = f"[{','.join(f'{k}={v}' for k, v in self.options)}]" if self.options else ""
         if self.meter is None or (self.meter == "learned"):
-            return self.method
+            return self.method + settings
         dials = f":{self.noise:g}:{self.flip:g}" if self.noise or self.flip else ""
-        return f"{self.method}@{self.meter}{dials}"
+        return f"{self.method}{settings}@{self.meter}{dials}"
 
     @property
     def folder(self) -> str:
-        return self.name.replace("@", "-").replace(":", "-")
+        name = self.name.replace("@", "-").replace(":", "-").replace("[", "-").replace(",", "-")
+        return name.replace("]", "").replace("=", "")
 
     def overrides(self, meter_dir: Path) -> list[str]:
         """The trainer settings that make this arm (on top of the shared ``train.yaml``)."""
-        out = [f"algo.method={self.method}"]
+        out = [f"algo.method={self.method}", *(f"credit.{k}={v}" for k, v in self.options)]
         if self.meter == "learned":
             out.append(f"meter.path={meter_dir}")
         elif self.meter == "oracle":
             out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
         return out
+
+
+def parse_credit_options(spec: str, text: str) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE,...]`` of an arm spec: ``CreditConfig`` fields, each checked by building the config."""
+    from deltattg.credit import CreditConfig
+    from deltattg.train.config import from_dict
+
+    if not text.endswith("]"):
+        raise ValueError(f"arm {spec!r}: credit settings are [KEY=VALUE,...]")
+    pairs = [item.partition("=") for item in text[:-1].split(",") if item]
+    if not pairs or any(not sep or not key for key, sep, _ in pairs):
+        raise ValueError(f"arm {spec!r}: credit settings are [KEY=VALUE,...]")
+    try:
+        from_dict(CreditConfig, {key: value for key, _, value in pairs}, "credit.")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"arm {spec!r}: {exc}") from None
+    return tuple((key, value) for key, _, value in pairs)
 
 
 def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path) -> list[dict]:
@@ -375,7 +406,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> D
             result.pool = policy_success(pool)
             train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
         with stage("3 progress meter", timings):
-            result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter")
+            result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter", heldout_pool)
             meter = load_meter(out / "meter", device=torch_device("auto"))
             result.fit = meter_fit(meter, heldout_pool)
         with stage("4 RL: GRPO and DeltaTTG", timings):

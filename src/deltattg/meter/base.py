@@ -74,6 +74,11 @@ class CachedMeter:
     def meter_id(self) -> str:
         return self.meter.meter_id
 
+    @property
+    def turn_limit(self) -> int | None:
+        """The backend meter's turn limit (its input states the turns left), or ``None``."""
+        return getattr(self.meter, "turn_limit", None)
+
     def score(self, histories: Sequence[list[dict]]) -> list[MeterOutput | None]:
         """One reading per history, in order; ``None`` for an invalid one. Never raises for the backend's sake."""
         keys = [prefix_hash(h) for h in histories]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,8 +69,10 @@ def _located_tokens(item: Located, tokenizer: Any) -> list[int]:
 
 
 def train_regression(items: Sequence[Located], model: str, output_dir: str, *, count_tokenizer: Any = None,
-                     meter_settings: dict[str, Any], train_settings: dict[str, Any]) -> dict:
-    """A regression meter on ``model``'s backbone, trained on every decision state of ``items`` (outcomes only)."""
+                     meter_settings: dict[str, Any], train_settings: dict[str, Any],
+                     calibration: Sequence[Located] = ()) -> dict:
+    """A regression meter on ``model``'s backbone, trained on every decision state of ``items`` (outcomes only);
+    with ``calibration`` trajectories, its completion temperature fitted on their states (report: ``calibration``)."""
     from deltattg.meter.regression import RegressionMeter
     from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 
@@ -86,12 +89,22 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
                                    len(windows), item.trajectory.reward)
         windows += w
         examples += e
-    return train_regression_meter(meter, windows, examples, RegressionTrainConfig(output_dir=output_dir, **train_settings))
+    settings = RegressionTrainConfig(output_dir=output_dir, **train_settings)
+    report = train_regression_meter(meter, windows, examples, settings)
+    if calibration:
+        from deltattg.meter.fit import calibrate
+
+        report["calibration"] = calibrate(meter.eval(), [_trajectory(item) for item in calibration]).as_dict()
+        meter.save_pretrained(output_dir, include_backbone=not settings.freeze_backbone)
+        (Path(output_dir) / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def train_generative(items: Sequence[Located], model: str, output_dir: str, *, stage: str, count_tokenizer: Any = None,
-                     max_prompt_tokens: int | None, lora: bool, train_settings: dict[str, Any]) -> None:
-    """The paper's generative meter: SFT (Eq. 3), then optionally GRPO refinement (D.2, our reconstructed reward)."""
+                     max_prompt_tokens: int | None, lora: bool, train_settings: dict[str, Any],
+                     turn_limit: int | None = None) -> None:
+    """The paper's generative meter: SFT (Eq. 3), then optionally GRPO refinement (D.2, our reconstructed reward);
+    with ``turn_limit``, every prompt states the turns left (and the meter keeps the limit)."""
     from deltattg.meter.generative import GenerativeMeter
     from deltattg.meter.train_generative import (
         grpo_config,
@@ -102,12 +115,13 @@ def train_generative(items: Sequence[Located], model: str, output_dir: str, *, s
         trajectory_records,
     )
 
-    meter = GenerativeMeter.from_pretrained(model, **({"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
+    meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit,
+                                            **({"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
     tokenizer = count_tokenizer or meter.tokenizer
     for item in items:
         _located_tokens(item, tokenizer)  # locate bad records before any training starts
     records = list(trajectory_records([item.trajectory for item in items], tokenizer))
-    dataset = meter_dataset(records, meter.tokenizer, meter.max_prompt_tokens)
+    dataset = meter_dataset(records, meter.tokenizer, meter.max_prompt_tokens, meter.turn_limit)
     peft = None
     if lora:
         from peft import LoraConfig

@@ -146,7 +146,7 @@ class EndpointMeter:
 
     ``base_url`` is the API root (``http://host:8000/v1``; see :func:`chat_completions_url`); ``model`` the served
     model name. Given a ``tokenizer`` (the served model's) and ``max_prompt_tokens``, prompts are fitted to that budget
-    here, before sending. ``meter_id`` defaults to the model name, prompt version and budget; pass your own when the
+    here, before sending; ``turn_limit``, the turn limit the served meter was trained under, adds the turns left. ``meter_id`` defaults to the model name, prompt version and budget; pass your own when the
     weights behind a name change, or cached readings will be reused. ``timeout_s`` is the deadline of one reading,
     retries included; the other failure settings are described in the module docstring.
     """
@@ -167,6 +167,7 @@ class EndpointMeter:
         concurrency: int = 8,
         trip_after: int | None = None,
         api_key: str | None = None,
+        turn_limit: int | None = None,
     ):
         self.url = chat_completions_url(base_url)
         if concurrency < 1 or max_retries < 0:
@@ -190,7 +191,10 @@ class EndpointMeter:
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
-        self._meter_id = meter_id or f"endpoint:{model}:prompt-v{PROMPT_VERSION}:max-prompt-tokens={max_prompt_tokens}"
+        self.turn_limit = turn_limit  # the episodes' turn limit the served meter was trained under (turns left)
+        limit = "" if turn_limit is None else f":turn-limit={turn_limit}"
+        self._meter_id = meter_id or (f"endpoint:{model}:prompt-v{PROMPT_VERSION}:max-prompt-tokens={max_prompt_tokens}"
+                                      + limit)  # fmt: skip
         self.max_tokens = max_tokens
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -219,7 +223,7 @@ class EndpointMeter:
     def _payload(self, history: list[dict]) -> bytes | None:
         """The request body for one prefix, or ``None`` when its prompt cannot fit the budget."""
         try:
-            messages = meter_messages(history, self.tokenizer, self.max_prompt_tokens)
+            messages = meter_messages(history, self.tokenizer, self.max_prompt_tokens, self.turn_limit)
         except ValueError as err:
             logger.debug("no prompt for a prefix: %s", err)
             return None

@@ -116,3 +116,79 @@ def agreement(meter: Any, reference: Any, trajectories: Sequence[Trajectory]) ->
            if a.tokens_to_go is not None and b.tokens_to_go is not None]  # fmt: skip
     return Agreement(len(pairs), mean([a.can_complete == b.can_complete for a, b in pairs]),
                      spearman([a for a, _ in ttg], [b for _, b in ttg]))  # fmt: skip
+
+
+# ---- calibration of the completion probability ----------------------------------------------------------------------
+def fit_temperature(logits: Sequence[float], outcomes: Sequence[bool]) -> float:
+    """Temperature scaling (Guo et al. 2017): the T > 0 that minimises the mean negative log-likelihood of the
+    outcomes under p̃ = σ(logit / T), over held-out states; 1.0 when the states hold a single outcome (nothing to fit)
+    or none. T is searched in [e⁻⁵, e⁵] by L-BFGS on log T."""
+    import torch
+
+    y = torch.tensor([float(o) for o in outcomes], dtype=torch.float64)
+    if len(y) == 0 or y.min() == y.max():
+        return 1.0
+    z = torch.tensor(list(logits), dtype=torch.float64)
+    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z / log_t.clamp(-5, 5).exp(), y)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().clamp(-5, 5).exp())
+
+
+def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool], bins: int = 10) -> float:
+    """ECE: Σ_b (n_b / n)·|mean outcome − mean p̃| over ``bins`` equal-width probability bins (NaN for no states)."""
+    p = np.asarray(probabilities, dtype=float)
+    y = np.asarray(outcomes, dtype=float)
+    if len(p) == 0:
+        return float("nan")
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    return float(sum(abs(y[which == b].mean() - p[which == b].mean()) * (which == b).mean()
+                     for b in range(bins) if (which == b).any()))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A completion-probability temperature fitted on held-out states, and what it changed."""
+
+    temperature: float
+    states: int
+    nll_before: float  # mean negative log-likelihood of the outcomes under σ(logit)
+    nll_after: float  # ... under σ(logit / temperature)
+    ece_before: float
+    ece_after: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+def calibrate(meter: Any, trajectories: Sequence[Trajectory]) -> Calibration:
+    """Fit the regression ``meter``'s temperature on every nonterminal decision state of the held-out
+    ``trajectories`` (labels: their outcomes), store it in the meter's config (saved with it) and return the fit."""
+    import math
+
+    from deltattg.meter.regression import calibrated_probability
+
+    readings, _ = read_states(meter, trajectories)
+    pairs = [(r.logit, t.success) for t, row in zip(trajectories, readings) for r in row
+             if r is not None and r.logit is not None]  # fmt: skip
+    logits, outcomes = [z for z, _ in pairs], [y for _, y in pairs]
+    temperature = fit_temperature(logits, outcomes)
+
+    def probabilities(t: float) -> list[float]:
+        return [calibrated_probability(z, t) for z in logits]
+
+    def nll(t: float) -> float:
+        eps = 1e-12
+        return mean([-math.log(max(p if y else 1.0 - p, eps)) for p, y in zip(probabilities(t), outcomes)])
+
+    meter.set_temperature(temperature)
+    return Calibration(temperature, len(pairs), nll(1.0), nll(temperature),
+                       expected_calibration_error(probabilities(1.0), outcomes),
+                       expected_calibration_error(probabilities(temperature), outcomes))  # fmt: skip

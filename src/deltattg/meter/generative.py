@@ -122,7 +122,7 @@ def read_meter_config(directory: str | os.PathLike) -> dict[str, Any]:
             f"{path}: the meter was trained on prompt version {config.get('prompt_version')}, "
             f"this library writes version {PROMPT_VERSION}; retrain it"
         )
-    return {k: config[k] for k in ("max_prompt_tokens", "max_new_tokens") if k in config}
+    return {k: config[k] for k in ("max_prompt_tokens", "max_new_tokens", "turn_limit") if k in config}
 
 
 class GenerativeMeter:
@@ -147,6 +147,7 @@ class GenerativeMeter:
         batch_size: int = 8,
         readout: Readout = "answer",
         name: str = "model",
+        turn_limit: int | None = None,
     ):
         if readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
@@ -164,6 +165,7 @@ class GenerativeMeter:
         self.batch_size = batch_size
         self.readout = readout
         self.name = name
+        self.turn_limit = turn_limit  # the episodes' turn limit: each prompt states the turns left
         self.stop_ids = stop_token_ids(model, tokenizer)
         self._digest: tuple[tuple, str] | None = None
 
@@ -195,6 +197,7 @@ class GenerativeMeter:
             "prompt_version": PROMPT_VERSION,
             "max_prompt_tokens": self.max_prompt_tokens,
             "max_new_tokens": self.max_new_tokens,
+            "turn_limit": self.turn_limit,
         }
         with open(os.path.join(directory, CONFIG_NAME), "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
@@ -209,6 +212,7 @@ class GenerativeMeter:
                 "max_prompt_tokens": self.max_prompt_tokens,
                 "max_new_tokens": self.max_new_tokens,
                 "readout": self.readout,
+                "turn_limit": self.turn_limit,
             }
             self._digest = (key, meter_digest(self.model, self.tokenizer, settings))
         return f"{KIND}:{self.name}:{self._digest[1][:16]}"
@@ -216,7 +220,8 @@ class GenerativeMeter:
     def prompts(self, histories: Sequence[list[dict]]) -> list[str]:
         """The rendered prompt of each decision prefix (fitted to ``max_prompt_tokens``)."""
         tokenizer = self.tokenizer
-        return [render_prompt(meter_messages(h, tokenizer, self.max_prompt_tokens), tokenizer) for h in histories]
+        return [render_prompt(meter_messages(h, tokenizer, self.max_prompt_tokens, self.turn_limit), tokenizer)
+                for h in histories]  # fmt: skip
 
     def score(self, histories: Sequence[list[dict]]) -> list[MeterOutput | None]:
         """One reading per history, in order (see the class doc for ``readout``)."""

@@ -10,6 +10,7 @@ SQLite cache); the regression meter reads every state of a trajectory in one pas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ def read_meter_config(path: str | Path) -> dict | None:
                          field="kind")
     if kind == "regression":
         _check_regression_config(config, str(file))
+    else:
+        check_turn_limit(config, str(file))
     for name in ("max_prompt_tokens", "max_new_tokens"):  # the generative meter's budgets
         value = config.get(name)
         if kind == "generative" and value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -78,6 +81,28 @@ def _check_regression_config(config: dict, file: str) -> None:
     layer = config.get("layer")
     if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 1):
         raise InputError(f"must be null or a decoder layer (1, 2, ...), got {layer!r}", path=file, field="layer")
+    temperature = config.get("temperature", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise InputError(f"must be a positive number, got {temperature!r}", path=file, field="temperature")
+    check_turn_limit(config, file)
+
+
+def check_turn_limit(config: dict, file: str) -> None:
+    """A meter config's ``turn_limit`` is null (absent) or a positive integer."""
+    from deltattg.errors import InputError
+
+    limit = config.get("turn_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InputError(f"must be null or a positive number of turns, got {limit!r}", path=file, field="turn_limit")
+
+
+def check_meter_turn_limit(meter: Any, max_turns: int, meter_name: str, limit_name: str) -> None:
+    """A meter trained with the turns left in its input reads episodes of the same turn limit: otherwise every
+    reading would state the wrong turns left (``ValueError`` naming both settings)."""
+    limit = getattr(meter, "turn_limit", None)
+    if limit is not None and limit != max_turns:
+        raise ValueError(f"{meter_name} was trained on episodes of {limit} turns (its input states the turns left), "
+                         f"but {limit_name} is {max_turns}: train a meter for {max_turns} turns, or run {limit}")
 
 
 def meter_kind(path: str | Path) -> str | None:
@@ -97,11 +122,13 @@ def load_meter(
     cache: str | Path | None = None,
     tokenizer: Any = None,
     oracle: Any = None,
+    turn_limit: int | None = None,
 ) -> Meter:
     """A ready-to-read meter from a folder, a model spec, an ``http(s)://`` endpoint (``endpoint_model`` names
     the served model, ``endpoint_timeout_s`` the deadline of one reading, retries included) or ``oracle`` (the
     household planner; ``tokenizer``, an object or spec, counts its tokens; ``oracle`` is its ``OracleConfig``);
-    ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file."""
+    ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file; ``turn_limit`` the turn
+    limit an endpoint's meter was trained under (a saved meter keeps its own)."""
     from deltattg.meter.cache import ScoreCache
 
     spec = str(spec)
@@ -121,7 +148,7 @@ def load_meter(
         if not endpoint_model:
             raise ValueError("an endpoint meter needs the served model's name (--meter-model)")
         # An endpoint's invalid reading may be a timeout: never cache it.
-        endpoint = EndpointMeter(spec, endpoint_model, timeout_s=endpoint_timeout_s)
+        endpoint = EndpointMeter(spec, endpoint_model, timeout_s=endpoint_timeout_s, turn_limit=turn_limit)
         return CachedMeter(endpoint, ScoreCache(cache) if cache else None, cache_invalid=False)
     kind = meter_kind(spec)
     if kind == "regression":

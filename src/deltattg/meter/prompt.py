@@ -80,11 +80,20 @@ def shorten(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n[... {len(text) - max_chars} characters omitted ...]\n{tail}"
 
 
-def compose(task_blocks: Sequence[str], turn_blocks: Sequence[str], omitted: int) -> list[dict]:
-    """The meter's chat messages for the given serialized task and kept turns, after ``omitted`` dropped turns."""
+def turns_left_note(turns_left: int) -> str:
+    """How a meter is told the turns the agent has left at a decision state (where episodes have a turn limit): the
+    one text both meters use, so a time-out is predictable from the input (the generative meter's prompt, the
+    regression meter's boundary marker)."""
+    return f"turns left: {max(turns_left, 0)}"
+
+
+def compose(task_blocks: Sequence[str], turn_blocks: Sequence[str], omitted: int, note: str = "") -> list[dict]:
+    """The meter's chat messages for the given serialized task and kept turns, after ``omitted`` dropped turns;
+    ``note`` (the turns left) follows the history."""
     marker = [f"[... {omitted} earlier turn{'s' if omitted != 1 else ''} omitted ...]"] if omitted else []
     history = "\n\n".join([*task_blocks, *marker, *turn_blocks])
-    return [{"role": "user", "content": f"{INSTRUCTION}\n\n{HISTORY_START}\n{history}\n{HISTORY_END}\n\n{REMINDER}"}]
+    tail = f"{note[:1].upper()}{note[1:]}.\n\n{REMINDER}" if note else REMINDER
+    return [{"role": "user", "content": f"{INSTRUCTION}\n\n{HISTORY_START}\n{history}\n{HISTORY_END}\n\n{tail}"}]
 
 
 def render_prompt(messages: list[dict], tokenizer: Any) -> str:
@@ -100,14 +109,18 @@ def count_prompt_tokens(messages: list[dict], tokenizer: Any) -> int:
     return len(tokenizer(render_prompt(messages, tokenizer), add_special_tokens=False)["input_ids"])
 
 
-def meter_messages(history: Sequence[dict], tokenizer: Any = None, max_prompt_tokens: int | None = None) -> list[dict]:
+def meter_messages(history: Sequence[dict], tokenizer: Any = None, max_prompt_tokens: int | None = None,
+                   turn_limit: int | None = None) -> list[dict]:
     """The meter's chat messages for the decision prefix ``history``, fitted to ``max_prompt_tokens`` as counted by
-    ``tokenizer`` (see module doc for what is kept)."""
+    ``tokenizer`` (see module doc for what is kept); with ``turn_limit``, the turns left at this state (the limit
+    less the actions taken) follow the history."""
     task, turns = split_task(history)
     task_blocks = [serialize_message(m) for m in task]
     turn_blocks = ["\n\n".join(serialize_message(m) for m in turn) for turn in turns]
+    taken = sum(m.get("role") == "assistant" for m in history)
+    note = "" if turn_limit is None else turns_left_note(turn_limit - taken)
     if max_prompt_tokens is None:
-        return compose(task_blocks, turn_blocks, 0)
+        return compose(task_blocks, turn_blocks, 0, note)
     if tokenizer is None:
         raise ValueError("max_prompt_tokens needs a tokenizer to count with")
     n, longest = len(turn_blocks), max(map(len, task_blocks), default=0)
@@ -116,10 +129,10 @@ def meter_messages(history: Sequence[dict], tokenizer: Any = None, max_prompt_to
         return count_prompt_tokens(messages, tokenizer) <= max_prompt_tokens
 
     def dropping(k: int) -> list[dict]:  # the oldest k turns omitted
-        return compose(task_blocks, turn_blocks[k:], k)
+        return compose(task_blocks, turn_blocks[k:], k, note)
 
     def cutting(c: int) -> list[dict]:  # every turn omitted, and task messages cut to longest − c characters
-        return compose([shorten(block, longest - c) for block in task_blocks], [], n)
+        return compose([shorten(block, longest - c) for block in task_blocks], [], n, note)
 
     omitted = _least(lambda k: fits(dropping(k)), 0, n)
     if omitted is not None:

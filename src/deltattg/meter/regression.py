@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from deltattg.data.trajectory import MeterOutput, assistant_indices
-from deltattg.meter.prompt import serialize_message, shorten
+from deltattg.meter.prompt import serialize_message, shorten, turns_left_note
 
 HEADER = (
     "Interaction history of an AI agent working on a task. At each '### next action' the progress meter estimates "
@@ -53,17 +53,21 @@ class RegressionConfig:
     target: str = "ttg"  # "ttg": log1p(Token-to-Go) of completable states; "score": the final score (E.4 +value)
     ensemble: int = 1  # heads trained from seeds seed..seed+N-1 on the same features; readings average them
     layer: int | None = None  # read the output of this decoder layer (1..num_hidden_layers); None: the final state
+    temperature: float = 1.0  # p̃ = σ(logit / temperature), fitted on held-out states (deltattg.meter.fit)
+    turn_limit: int | None = None  # the episodes' turn limit: each decision state is marked with the turns left
     kind: str = "regression"
     format_version: int = REGRESSION_FORMAT_VERSION
 
 
-def decision_blocks(messages: Sequence[dict], max_message_chars: int) -> list[str]:
-    """T+1 text blocks; the first t+1 of them serialize decision prefix h_t (t = 0..T, T = terminal)."""
+def decision_blocks(messages: Sequence[dict], max_message_chars: int, turn_limit: int | None = None) -> list[str]:
+    """T+1 text blocks; the first t+1 of them serialize decision prefix h_t (t = 0..T, T = terminal). With a
+    ``turn_limit``, block t's boundary marker states the turns left at h_t (:func:`turns_left_note`)."""
     cuts = [0, *assistant_indices(list(messages)), len(messages)]
     blocks = []
     for k in range(len(cuts) - 1):
         text = "\n\n".join(shorten(serialize_message(m), max_message_chars) for m in messages[cuts[k] : cuts[k + 1]])
-        blocks.append((HEADER if k == 0 else "\n\n") + text + BOUNDARY)
+        note = "" if turn_limit is None else f" ({turns_left_note(turn_limit - k)})"
+        blocks.append((HEADER if k == 0 else "\n\n") + text + BOUNDARY + note)
     return blocks
 
 
@@ -194,18 +198,25 @@ def make_head(width: int, config: RegressionConfig) -> nn.Module:
     return HeadEnsemble([ProgressHead(width, config.head_hidden) for _ in range(config.ensemble)], config.target)
 
 
-def readings_from_head(outputs: Tensor, target: str = "ttg") -> list[MeterOutput]:
-    """``ttg``: b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0 and the logit itself (E.4 +logit); v̂ is kept where b̂ = 0 too
-    (the head predicts the remaining work *if* the task completes; JSON output drops it there, as the answer format
-    does). ``score``: the logit and the predicted final score S(h) (E.4 +value), no (b̂, v̂)."""
+def readings_from_head(outputs: Tensor, target: str = "ttg", temperature: float = 1.0) -> list[MeterOutput]:
+    """``ttg``: b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0, the logit itself (E.4 +logit) and the calibrated
+    probability p̃ = σ(logit / temperature); v̂ is kept where b̂ = 0 too (the head predicts the remaining work *if* the
+    task completes). ``score``: the logit and the predicted final score S(h) (E.4 +value), no (b̂, v̂)."""
     out = []
     for logit, value in outputs.detach().float().cpu().tolist():
         if target == "score":
             out.append(MeterOutput(logit=logit, score=value))
             continue
         ttg = float(max(round(math.expm1(min(value, 40.0))), 0))
-        out.append(MeterOutput(can_complete=logit > 0, tokens_to_go=ttg, logit=logit))
+        out.append(MeterOutput(can_complete=logit > 0, tokens_to_go=ttg, logit=logit,
+                               probability=calibrated_probability(logit, temperature)))  # fmt: skip
     return out
+
+
+def calibrated_probability(logit: float, temperature: float) -> float:
+    """σ(logit / temperature) (temperature scaling, Guo et al. 2017), computed without overflow."""
+    z = logit / temperature
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
 def progress_loss(outputs: Tensor, can_complete: Tensor, tokens_to_go: Tensor, regression_weight: float = 1.0) -> Tensor:
@@ -293,7 +304,8 @@ class RegressionMeter(nn.Module):
 
     # ---- reading decision states -------------------------------------------------------------------------------
     def windows(self, messages: Sequence[dict], steps: Sequence[int] | None = None) -> list[Window]:
-        blocks = encode_blocks(decision_blocks(messages, self.config.max_message_chars), self.tokenizer)
+        blocks = encode_blocks(decision_blocks(messages, self.config.max_message_chars, self.config.turn_limit),
+                               self.tokenizer)  # fmt: skip
         return plan_windows(blocks, self.config.max_length, steps)
 
     def boundary_features(self, windows: Sequence[Window], prefix: tuple[int, Any] | None = None) -> Tensor:
@@ -348,7 +360,8 @@ class RegressionMeter(nn.Module):
         """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window."""
         plans = [self.windows(messages) for messages in trajectories]
         flat = [w for plan in plans for w in plan]
-        readings = readings_from_head(self.head(self.boundary_features(flat)), self.config.target) if flat else []
+        features = self.boundary_features(flat) if flat else None
+        readings = self.readings(self.head(features)) if flat else []
         out, k = [], 0
         for plan in plans:
             n = sum(len(w.steps) for w in plan)
@@ -371,7 +384,23 @@ class RegressionMeter(nn.Module):
         for group in (g for g in groups if len(g) > 1):
             for k, row in zip(group, self.last_block_features([windows[k] for k in group])):
                 rows[k] = row
-        return list(readings_from_head(self.head(torch.stack(rows)), self.config.target))  # type: ignore[arg-type]
+        return self.readings(self.head(torch.stack(rows)))  # type: ignore[arg-type]
+
+    def readings(self, outputs: Tensor) -> list[MeterOutput]:
+        """The head's ``[B, 2]`` outputs as readings, with this meter's target and fitted temperature."""
+        return readings_from_head(outputs, self.config.target, self.config.temperature)
+
+    def set_temperature(self, temperature: float) -> None:
+        """Use p̃ = σ(logit / temperature) from now on (saved with the meter; its id changes with it)."""
+        if not 0 < temperature < math.inf:
+            raise ValueError(f"the temperature must be a positive number, got {temperature!r}")
+        self.config = replace(self.config, temperature=float(temperature))
+        self._id = None
+
+    @property
+    def turn_limit(self) -> int | None:
+        """The turn limit the meter was trained under (its input states the turns left), or ``None``."""
+        return self.config.turn_limit
 
 
 def shared_prefix_groups(windows: Sequence[Window]) -> list[list[int]]:

@@ -54,24 +54,26 @@ def trajectory_records(
 
 
 def meter_example(
-    messages: list[dict], can_complete: bool, tokens_to_go: int | None, tokenizer: Any, max_prompt_tokens: int
+    messages: list[dict], can_complete: bool, tokens_to_go: int | None, tokenizer: Any, max_prompt_tokens: int,
+    turn_limit: int | None = None,
 ) -> dict[str, Any]:
-    """One training example: the prefix's meter prompt, its target answer y (Eq. 3) and its labels (Eq. 2)."""
+    """One training example: the prefix's meter prompt (with the turns left under ``turn_limit``), its target answer
+    y (Eq. 3) and its labels (Eq. 2)."""
     return {
-        "prompt": meter_messages(messages, tokenizer, max_prompt_tokens),
+        "prompt": meter_messages(messages, tokenizer, max_prompt_tokens, turn_limit),
         "completion": [{"role": "assistant", "content": format_answer(can_complete, tokens_to_go)}],
         "can_complete": can_complete,
         "tokens_to_go": tokens_to_go,
     }
 
 
-def meter_dataset(records: Iterable[dict], tokenizer: Any, max_prompt_tokens: int) -> Any:
+def meter_dataset(records: Iterable[dict], tokenizer: Any, max_prompt_tokens: int, turn_limit: int | None = None) -> Any:
     """A ``datasets.Dataset`` of :func:`meter_example` rows from label records (``messages``, ``can_complete``,
     ``tokens_to_go``), e.g. from :func:`trajectory_records` or a ``deltattg labels`` file."""
     from datasets import Dataset
 
     rows = [
-        meter_example(r["messages"], r["can_complete"], r["tokens_to_go"], tokenizer, max_prompt_tokens)
+        meter_example(r["messages"], r["can_complete"], r["tokens_to_go"], tokenizer, max_prompt_tokens, turn_limit)
         for r in records
     ]
     return Dataset.from_list(rows)
@@ -242,6 +244,7 @@ def _save_trained(trainer: Any, meter: GenerativeMeter, output_dir: str | os.Pat
         batch_size=meter.batch_size,
         readout=meter.readout,
         name=os.path.basename(os.path.normpath(output_dir)),
+        turn_limit=meter.turn_limit,
     )
     trained.save_pretrained(output_dir)
     return trained

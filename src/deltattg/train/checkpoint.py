@@ -9,6 +9,7 @@ checkpoint carries the id, so a resume cannot splice in another run's checkpoint
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import pickle
 import random
 import re
 import shutil
+import subprocess
 import sys
 import uuid
 import warnings
@@ -243,6 +245,30 @@ def config_hash(config_text: str) -> str:
     return hashlib.sha256(config_text.encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def code_revision() -> str | None:
+    """The git commit of the deltattg source this process runs, ``COMMIT+dirty.DIFF`` (DIFF: 12 hex digits of the
+    SHA-256 of ``git diff HEAD``) when tracked files differ from it, or ``None`` when the package is not imported from
+    a git checkout (an installed wheel: :data:`deltattg.__version__` names it then)."""
+    root = Path(__file__).resolve().parents[3]  # <root>/src/deltattg/train/checkpoint.py
+
+    def git(*args: str) -> bytes | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top.decode().strip()).resolve() != root:
+        return None  # not this package's own checkout (an installed copy inside some other repository)
+    head, diff = git("rev-parse", "HEAD"), git("diff", "HEAD", "--no-ext-diff", "--binary")
+    if head is None or diff is None:
+        return None
+    commit = head.decode().strip()
+    return f"{commit}+dirty.{hashlib.sha256(diff).hexdigest()[:12]}" if diff else commit
+
+
 def holds_run(out: Path) -> bool:
     return any((out / name).exists() for name in RUN_FILES)
 
@@ -293,7 +319,7 @@ def start_run(out: Path, config_text: str, *, overwrite: bool, run: dict | None 
                 path.unlink()
     out.mkdir(parents=True, exist_ok=True)
     if run is None:
-        run = {"run_id": uuid.uuid4().hex, "config_sha256": config_hash(config_text)}
+        run = {"run_id": uuid.uuid4().hex, "config_sha256": config_hash(config_text), "code": code_revision()}
         partial = out / f".{RUN}.partial"
         partial.write_text(json.dumps(run, indent=2) + "\n")
         os.replace(partial, out / RUN)

@@ -52,7 +52,7 @@ from deltattg.train.checkpoint import (
     start_run,
 )
 from deltattg.train.config import OptimConfig, RolloutConfig, TrainConfig
-from deltattg.meter.loading import load_meter, read_states
+from deltattg.meter.loading import check_meter_turn_limit, load_meter, read_states
 from deltattg.train.rollouts import RolloutBatch, TaskSampler, collect, env_factory
 from deltattg.train.rows import Row, chunks, collate, pad_responses, response_logprobs, rows_logprobs, step_rows
 from deltattg.train.rows import rows_logprobs_and_hidden
@@ -303,6 +303,7 @@ def train(
     if estimator.needs_meter:
         meter = load_meter(config.meter.path, device=device, readout=estimator.readout,  # type: ignore[arg-type]
                            tokenizer=tokenizer, oracle=config.meter.oracle())  # fmt: skip
+        check_meter_turn_limit(meter, rollout.max_turns, f"meter.path {config.meter.path}", "rollout.max_turns")
     answers = None  # IGPO / A²TGPO: each trajectory's reference-answer log-prob after every turn, read by the actor
     if Reads.ANSWER_PROBS in estimator.reads:
         answers = AnswerLogprobs(policy, env, env.tasks(config.env.train_split), algo.method,
@@ -383,7 +384,7 @@ def train(
             advantages = row_advantages(credit, rows)
             clip_scales = row_clip_scales(credit, rows)  # A²TGPO's per-step clip factors; None for the others
         record |= clip_scale_metrics(clip_scales) | verified_metrics(steps)
-        record |= credit.fallback_counts() | {
+        record |= credit.fallback_counts() | credit.metrics | {
             "train/rows": len(rows),
             "train/response_tokens": sum(len(r.response) for r in rows),
             "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),

@@ -179,15 +179,17 @@ def read_safely(
 class VerlSettings:
     """The ``algorithm.deltattg`` section of a verl config: the credit hyperparameters (``CreditConfig`` fields)
     and the frozen meter — a saved meter folder loaded beside the trainer, an ``http(s)://`` endpoint (vLLM / SGLang
-    serving the generative meter; ``meter_model`` names it) or ``oracle`` (household; ``tokenizer`` counts tokens)."""
+    serving the generative meter; ``meter_model`` names it, ``turn_limit`` the turn limit it was trained under, so
+    that each prompt states the turns left) or ``oracle`` (household; ``tokenizer`` counts tokens)."""
 
     credit: CreditConfig
     meter: str | None = None
     meter_model: str | None = None
     meter_timeout_s: float = 60.0
     tokenizer: str | None = None
+    turn_limit: int | None = None
 
-    METER_KEYS = ("meter", "meter_model", "meter_timeout_s", "tokenizer")
+    METER_KEYS = ("meter", "meter_model", "meter_timeout_s", "tokenizer", "turn_limit")
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | None) -> VerlSettings:
@@ -211,4 +213,5 @@ class VerlSettings:
         from deltattg.meter.loading import load_meter
 
         return load_meter(self.meter, endpoint_model=self.meter_model, endpoint_timeout_s=self.meter_timeout_s,
-                          device=device, readout=estimator.readout, tokenizer=self.tokenizer)  # fmt: skip
+                          device=device, readout=estimator.readout, tokenizer=self.tokenizer,
+                          turn_limit=self.turn_limit)  # fmt: skip

@@ -1,0 +1,108 @@
+"""Robust DeltaTTG (ours, not the paper's): the stages that keep an *imperfect* meter's credit from hurting.
+
+The paper's credit (Eq. 7–11) trusts every reading: one misread b̂ moves Δ by ≈ C, ``max(Δ, 0)`` keeps the +C half
+of a spurious flip and drops the −C half, and the step next to it takes the cap M. Each stage below is one switch of
+the estimator record ``robust`` (``CreditConfig`` fields; its defaults are the configuration the household benchmark
+chose, see the README), and each leaves the paper's invariants alone: the advantage A_i, its sign and its token mean
+are unchanged, and no token multiplier exceeds M.
+
+    p̃            the meter's calibrated completion probability (b̂ as 0/1 where a meter gives none)
+    hindsight    p̃ = 1 on every state of a successful trajectory: it was completed, so a b̂ = 0 there is a known
+                 false negative (``hindsight``)
+    soft readout c_t = p̃_t·min(v̂_t, C) + (1 − p̃_t)·C, the expected remaining work (``soft``; Eq. 7 where p̃ ∈ {0, 1})
+    smoothing    a running median of ``smooth`` states over c_0..c_T before differencing, the anchored ends kept, so a
+                 single misread state cancels instead of moving two Δ by ±C (``smooth``)
+    share cap    q_t ≤ κ/T_i, the excess handed to the other steps by their room below the cap (``share_cap`` κ;
+                 κ = 1 is GRPO's uniform shares)
+    trust        w ← 1 + τ·(w − 1) with τ = clip(2·AUC − 1, 0, 1), the AUC of p̃ against the trajectory outcomes
+                 over the queried states of the batch: a meter no better than chance on this batch's own outcomes
+                 gives exactly GRPO (``trust``)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from deltattg.credit.batch import MeterReadings
+
+TRUST_MODES = ("none", "auc")
+
+
+def completion_probability(meter: MeterReadings) -> Tensor:
+    """p̃_{i,t}: the meter's calibrated completion probability where it gives one, else b̂ as 0/1 (``[n, S]``)."""
+    hard = meter.can_complete.to(meter.tokens_to_go.dtype)
+    return hard if meter.probability is None else meter.probability.to(hard.dtype)
+
+
+def hindsight_probability(probability: Tensor, success: Tensor) -> Tensor:
+    """p̃ = 1 on every state of a successful trajectory (the outcome proves each of them completable)."""
+    return torch.where(success[:, None], torch.ones_like(probability), probability)
+
+
+def expected_costs(probability: Tensor, tokens_to_go: Tensor, failure_cost: float) -> Tensor:
+    """c = p̃·min(v̂, C) + (1 − p̃)·C: the expected remaining work (the soft readout; Eq. 7 where p̃ is 0 or 1)."""
+    return probability * torch.clamp(tokens_to_go, max=failure_cost) + (1.0 - probability) * failure_cost
+
+
+def running_median(trace: Tensor, num_steps: Tensor, window: int) -> Tensor:
+    """Each trajectory's c_0..c_{T_i} (``[n, S+1]``, T_i = ``num_steps``) replaced by the median of the ``window``
+    states centred on it, the trace's ends repeated beyond them — so c_0 (shared by the group) and the anchored c_T
+    stay as they are, and one misread state between two agreeing ones is replaced. Entries past T_i are kept."""
+    if window <= 1:
+        return trace
+    half = window // 2
+    columns = torch.arange(trace.shape[1], device=trace.device)
+    offsets = torch.arange(-half, half + 1, device=trace.device)
+    index = (columns[None, :, None] + offsets).clamp(min=0)  # [1, S+1, window]
+    index = torch.minimum(index, num_steps[:, None, None])  # repeat c_{T_i} past the end: [n, S+1, window]
+    neighbours = trace[:, None, :].expand(-1, trace.shape[1], -1).gather(2, index)
+    smoothed = neighbours.median(dim=2).values
+    inside = columns[None, :] <= num_steps[:, None]
+    return torch.where(inside, smoothed, trace)
+
+
+def capped_with_refill(values: Tensor, weights: Tensor, cap: Tensor | float) -> Tensor:
+    """``values`` (``[n, S]``) cut to ``cap`` and the cut-off excess Σ weights·(values − cap)⁺ handed to the entries
+    below the cap in proportion to their room weights·(cap − values), so Σ weights·values is kept. One pass is exact
+    when the room is at least the excess (Σ weights·(cap − values) ≥ 0): nobody is pushed over the cap. The shared
+    arithmetic of B_M (D.4: multipliers, token weights, cap M) and of the share cap (shares, 1 per step, κ/T_i)."""
+    below = values < cap
+    excess = (weights * (values - cap).clamp(min=0)).sum(dim=1, keepdim=True)
+    room = (weights * (cap - values) * below).sum(dim=1, keepdim=True)
+    lam = torch.where(room > 0, excess / torch.where(room > 0, room, torch.ones_like(room)), torch.zeros_like(room))
+    return torch.where(below, values + lam * (cap - values), torch.zeros_like(values) + cap)
+
+
+def capped_shares(shares: Tensor, step_mask: Tensor, kappa: float) -> Tensor:
+    """q_t ≤ κ/T_i (the share cap): exact in one pass, since Σ_t (κ/T_i − q_t) = κ − 1 ≥ 0; 0 at padding."""
+    mask = step_mask.to(shares.dtype)
+    cap = kappa / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return capped_with_refill(shares, mask, cap) * mask
+
+
+def outcome_auc(scores: Tensor, positive: Tensor) -> float:
+    """Mann–Whitney AUC: the probability that a positive's score exceeds a negative's, ties counted half (NaN when a
+    class is empty)."""
+    from deltattg.meter.fit import average_ranks
+
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = average_ranks(scores.double().cpu().numpy())  # 0-based, ties share their mean rank
+    return float((ranks[positive.cpu().numpy()].sum() - n_pos * (n_pos - 1) / 2) / (n_pos * n_neg))
+
+
+def batch_trust(probability: Tensor, success: Tensor, states: Tensor) -> tuple[float, float]:
+    """(AUC, τ): the AUC of p̃ against each state's trajectory outcome over ``states`` (``[n, S]`` mask: the queried,
+    validly read states of the batch), and τ = clip(2·AUC − 1, 0, 1) — 0 (GRPO) when the meter ranks this batch's
+    states no better than chance, or when the states hold only one outcome."""
+    auc = outcome_auc(probability[states], success[:, None].expand_as(states)[states])
+    trust = 0.0 if auc != auc else min(max(2.0 * auc - 1.0, 0.0), 1.0)
+    return auc, trust
+
+
+def trusted_weights(weights: Tensor, trust: float, step_mask: Tensor) -> Tensor:
+    """w ← 1 + τ·(w − 1) on real steps: the redistribution scaled by the trust τ ∈ [0, 1] (the token mean stays 1,
+    every multiplier stays in (0, M])."""
+    return torch.where(step_mask, 1.0 + trust * (weights - 1.0), weights)

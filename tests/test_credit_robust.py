@@ -1,0 +1,115 @@
+"""The robust record's stages (``deltattg.credit.robust``, ours) by hand, and against the paper's credit on the case
+that breaks it: one misread b̂ inside a successful trajectory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from deltattg.credit import CreditConfig, get_estimator
+from deltattg.credit.deltattg import RECOMMENDED
+from deltattg.credit.layouts import step_batch
+from deltattg.credit.robust import (
+    batch_trust,
+    capped_shares,
+    expected_costs,
+    hindsight_probability,
+    outcome_auc,
+    running_median,
+    trusted_weights,
+)
+from deltattg.data.trajectory import MeterOutput
+
+C = 100.0
+OFF = {"soft": False, "hindsight": False, "smooth": 1, "share_cap": 1e12, "trust": "none"}  # every stage off
+
+
+def test_expected_costs_and_hindsight_by_hand():
+    p = torch.tensor([[1.0, 0.5, 0.0, 0.25]])
+    v = torch.tensor([[10.0, 10.0, math.inf, 500.0]])  # no estimate (∞) and an estimate above C both count as C
+    # 1·10; 0.5·10 + 0.5·100; 0·C + 1·100; 0.25·100 + 0.75·100.
+    assert expected_costs(p, v, C).tolist() == [[10.0, 55.0, 100.0, 100.0]]
+    assert hindsight_probability(p, torch.tensor([True])).tolist() == [[1.0] * 4]
+    assert hindsight_probability(p, torch.tensor([False])).tolist() == p.tolist()
+
+
+def test_running_median_replaces_one_misread_state_and_keeps_the_ends():
+    # c_0..c_4 with a misread c_2 = 100: medians of (50,50,40), (50,40,100), (40,100,20), (100,20,0), (20,0,0).
+    trace = torch.tensor([[50.0, 40.0, 100.0, 20.0, 0.0, 7.0]])  # the last entry is padding past T = 4
+    smoothed = running_median(trace, torch.tensor([4]), 3)
+    assert smoothed.tolist() == [[50.0, 50.0, 40.0, 20.0, 0.0, 7.0]]
+    assert running_median(trace, torch.tensor([4]), 1).equal(trace)
+
+
+def test_share_cap_by_hand():
+    # κ = 2, T = 4: cap 0.5; excess 0.2 goes to the three others by their room 0.4 each (λ = 0.2 / 1.2 = 1/6).
+    q = torch.tensor([[0.7, 0.1, 0.1, 0.1, 0.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    capped = capped_shares(q, mask, 2.0)
+    assert capped.tolist()[0] == pytest.approx([0.5, 0.1 + 0.4 / 6, 0.1 + 0.4 / 6, 0.1 + 0.4 / 6, 0.0])
+    assert capped_shares(q, mask, 1.0).tolist()[0] == pytest.approx([0.25, 0.25, 0.25, 0.25, 0.0])  # κ = 1: uniform
+
+
+def test_auc_and_trust_by_hand():
+    # Positives {0.9, 0.8}, negatives {0.8, 0.3}: 0.9 beats both, 0.8 ties 0.8 and beats 0.3 -> 3.5 / 4.
+    scores = torch.tensor([0.9, 0.8, 0.3, 0.8])
+    assert outcome_auc(scores, torch.tensor([True, False, False, True])) == pytest.approx(0.875)
+    assert math.isnan(outcome_auc(scores, torch.ones(4, dtype=torch.bool)))
+    p = torch.tensor([[0.9, 0.8], [0.3, 0.8]])
+    states = torch.tensor([[True, True], [True, True]])
+    auc, trust = batch_trust(p, torch.tensor([True, False]), states)
+    assert (auc, trust) == (pytest.approx(0.875), pytest.approx(0.75))
+    assert batch_trust(torch.full((2, 2), 0.7), torch.tensor([True, False]), states) == (0.5, 0.0)  # chance: none
+    w = torch.tensor([[3.0, 0.5, 0.0]])
+    assert trusted_weights(w, 0.75, torch.tensor([[True, True, False]])).tolist() == [[2.5, 0.625, 0.0]]
+
+
+def misread_group(probability: float | None = None) -> tuple:
+    """One success whose third state is misread as b̂ = 0 (v̂ still given) and one failure, 4 one-token steps each."""
+    success = [MeterOutput(True, 40.0), MeterOutput(True, 30.0), MeterOutput(False, 20.0, probability=probability),
+               MeterOutput(True, 10.0)]  # fmt: skip
+    failure = [MeterOutput(True, 40.0), MeterOutput(True, 45.0), MeterOutput(True, 50.0), MeterOutput(True, 55.0)]
+    return step_batch([1.0, 0.0], [True, False], ["g", "g"], [[1] * 4, [1] * 4], [success, failure])
+
+
+def robust_weights(batch, **settings) -> list[float]:
+    config = CreditConfig(failure_cost=C, **(OFF | settings))
+    return get_estimator(RECOMMENDED)(batch, config).step_weights[0].tolist()
+
+
+def test_one_misread_state_the_paper_concentrates_and_each_stage_spreads():
+    batch = misread_group()
+    # Paper: costs 40, 30, C, 10, terminal 0 -> Δ = 10, −70, 90, 10; m = 10, 0, 90, 10 (Σ 110);
+    # q = 0.2/4 + 0.8·m/110; one-token steps: w = 4q.
+    m = [10.0, 0.0, 90.0, 10.0]
+    paper = [4 * (0.05 + 0.8 * x / 110) for x in m]
+    assert get_estimator("deltattg")(batch, CreditConfig(failure_cost=C)).step_weights[0].tolist() == pytest.approx(paper)
+    assert paper[2] == pytest.approx(2.8182, abs=1e-4)  # the step leaving the misread state takes most of it
+    # Every stage off: exactly the paper's numbers.
+    assert robust_weights(batch) == pytest.approx(paper)
+    # Hindsight: the success's states are completable, costs 40, 30, 20, 10, 0 -> Δ = 10 each -> w = 1.
+    assert robust_weights(batch, hindsight=True) == pytest.approx([1.0] * 4)
+    # Smoothing (median of 3) over 40, 30, C, 10, 0 -> 40, 40, 30, 10, 0 -> Δ = 0, 10, 20, 10 (Σ 40).
+    assert robust_weights(batch, smooth=3) == pytest.approx([4 * (0.05 + 0.8 * x / 40) for x in (0, 10, 20, 10)])
+    # Share cap κ = 1.5: q_2 = 0.7045 is cut to 0.375 and its excess 0.3295 goes to the others by their room.
+    q = [0.05 + 0.8 * x / 110 for x in m]
+    excess, room = q[2] - 0.375, sum(0.375 - x for k, x in enumerate(q) if k != 2)
+    capped = [0.375 if k == 2 else x + excess / room * (0.375 - x) for k, x in enumerate(q)]
+    assert robust_weights(batch, share_cap=1.5) == pytest.approx([4 * x for x in capped])
+    # A soft readout with a calibrated p̃ = 0.8 at the misread state: its cost 0.8·20 + 0.2·C = 36, not C.
+    # Costs 40, 30, 36, 10, 0 -> Δ = 10, −6, 26, 10; m = 10, 0, 26, 10 (Σ 46).
+    soft = misread_group(probability=0.8)
+    assert robust_weights(soft, soft=True) == pytest.approx([4 * (0.05 + 0.8 * x / 46) for x in (10, 0, 26, 10)])
+
+
+def test_the_recommended_defaults_keep_the_invariants_and_report_their_trust():
+    batch = misread_group(probability=0.4)
+    credit = get_estimator(RECOMMENDED)(batch, CreditConfig(failure_cost=C))
+    w = credit.step_weights
+    assert torch.allclose(w.mean(dim=1), torch.ones(2), atol=1e-6) and (w <= 5.0 + 1e-6).all()
+    assert (credit.step_advantages[0] > 0).all() and (credit.step_advantages[1] < 0).all()
+    # Success states p̃ = 1, 1, 0.4, 1; failure states all 1: AUC = (3·(4·0.5) + 1·0) / 16 = 0.375 -> trust 0 -> GRPO.
+    assert credit.metrics == {"credit/auc": pytest.approx(0.375), "credit/trust": 0.0}
+    assert w.tolist() == [[1.0] * 4, [1.0] * 4]
