@@ -41,6 +41,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -337,6 +338,53 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     return "\n".join(lines)
 
 
+# ---- the meter with and without the turns left -------------------------------------------------------------------
+def meter_fit_report(args: argparse.Namespace) -> str:
+    """Per seed: the learned meter (turns left in its input) beside one trained on the same pool without them, and
+    the oracle, read on the held-out pool tasks' states (``--meter-fit``)."""
+    from deltattg.hf import load_tokenizer
+    from deltattg.meter.fit import meter_fit
+    from deltattg.meter.loading import load_meter
+    from deltattg.meter.oracle import OracleMeter
+
+    fits: dict[str, list] = {"without turns left": [], "with turns left": [], "oracle": []}
+    with process_settings(1):
+        for seed in args.seeds:
+            config, folder = seed_config(args, seed), args.out / f"seed-{seed}"
+            prepare_seed(config, folder, learned=True, allow_mixed=args.allow_mixed)
+            world = build_world(config)
+            actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
+            train_pool, heldout = split_by_task(collect_pool(config, world, actor), config.heldout_fraction, seed)
+            if not (folder / "meter-no-turns" / "meter_config.json").is_file():
+                train_meter(config, train_pool, actor.tokenizer, folder / "meter-no-turns", heldout, turns_left=False)
+            for name, meter in (("without turns left", load_meter(folder / "meter-no-turns")),
+                                ("with turns left", load_meter(folder / "meter")),
+                                ("oracle", OracleMeter(actor.tokenizer))):  # fmt: skip
+                fits[name].append(meter_fit(meter, heldout))
+            print(f"[bench] seed {seed}: meters read", file=sys.stderr, flush=True)
+    steps = sorted({t for runs in fits.values() for fit in runs for t in fit.steps})
+    rows = []
+    for name, runs in fits.items():
+        cells = [name, *(f"{100 * mean_of([getattr(f, key) if isinstance(key, str) else key(f) for f in runs]):.1f}"
+                         for key in ("completion_accuracy", lambda f: f.accuracy_on(True), lambda f: f.accuracy_on(False)))]  # fmt: skip
+        cells += [f"{mean_of([f.spearman for f in runs]):.3f}", f"{mean_of([f.calibration_error for f in runs]):.3f}"]
+        cells += [f"{100 * mean_of([f.accuracy_by_step().get(t, math.nan) for f in runs]):.0f}" for t in steps]
+        rows.append(cells)
+    header = ("meter", "completion acc. %", "on successes %", "on failures %", "Spearman (TTG)", "ECE of p̃",
+              *(f"t={t}" for t in steps))  # fmt: skip
+    return "\n\n".join([
+        f"Held-out pool states, mean over seeds {list(args.seeds)} (each seed: its own actor, pool and meters); "
+        "completion accuracy of b̂ against the trajectory's outcome, overall, on the successful and on the failed "
+        "trajectories' states, and after t actions (per-step columns, %); Spearman of v̂ against the true Token-to-Go "
+        "on the successful trajectories' states; ECE of the calibrated p̃ (the oracle gives none).",
+        markdown_table(header, rows)])  # fmt: skip
+
+
+def mean_of(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
 def demo_setting(text: str) -> tuple[str, object]:
     """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); a :class:`DemoConfig` field."""
     name, sep, value = text.partition("=")
@@ -368,6 +416,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--speed", type=int, metavar="N", help="time N steps of the old and the new step instead")
     parser.add_argument("--overhead", type=int, metavar="N",
                         help="time 2N steps of every arm, interleaved, and print each ÷ the first arm's instead")
+    parser.add_argument("--meter-fit", action="store_true",
+                        help="instead: each seed's learned meter beside one trained without the turns left and the "
+                        "oracle, on the held-out pool states (completion accuracy overall and per step, Spearman, ECE)")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
     args = parser.parse_args(argv)
     try:
@@ -384,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.overhead:
         print(overhead(args, arms))
+        return
+    if args.meter_fit:
+        print(meter_fit_report(args))
         return
     if not args.report_only:
         run_all(args, arms)

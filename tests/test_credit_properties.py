@@ -14,6 +14,7 @@ from deltattg.credit import CreditConfig, Fallback, get_estimator
 from deltattg.credit.deltattg import VARIANTS, bounded_token_normalization
 from deltattg.credit.layouts import step_batch
 from deltattg.credit.reference import algorithm1
+from deltattg.credit.robust import known_completable
 from deltattg.data.trajectory import MeterOutput
 
 FAMILY = sorted(VARIANTS)
@@ -37,7 +38,7 @@ def readings(draw, invalid_rate: float):
 @st.composite
 def batches(draw, max_groups: int = 4, max_size: int = 5, max_steps: int = 7):
     invalid_rate = draw(st.sampled_from([0.0, 0.0, 0.05, 0.3]))
-    rewards, successes, groups, tokens, meter = [], [], [], [], []
+    rewards, successes, groups, tokens, meter, histories = [], [], [], [], [], []
     for g in range(draw(st.integers(1, max_groups))):
         for _ in range(draw(st.integers(1, max_size))):
             success = draw(st.booleans())
@@ -47,6 +48,7 @@ def batches(draw, max_groups: int = 4, max_size: int = 5, max_steps: int = 7):
             groups.append(f"g{g}")
             tokens.append(draw(st.lists(st.integers(0, 40), min_size=steps, max_size=steps)))
             meter.append([draw(readings(invalid_rate)) for _ in range(steps)])
+            histories.append(draw(st.lists(st.one_of(st.none(), st.integers(0, 6)), min_size=steps, max_size=steps)))
     config = CreditConfig(
         rho=draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
         cap=draw(st.sampled_from([1.0, 1.5, 2.0, 5.0])),
@@ -57,12 +59,12 @@ def batches(draw, max_groups: int = 4, max_size: int = 5, max_steps: int = 7):
         share_cap=draw(st.sampled_from([1.0, 1.5, 2.0, 1e12])),
         trust=draw(st.sampled_from(["none", "auc"])),
     )
-    return rewards, successes, groups, tokens, meter, config
+    return rewards, successes, groups, tokens, meter, histories, config
 
 
 def run(name, data):
-    rewards, successes, groups, tokens, meter, config = data
-    batch = step_batch(rewards, successes, groups, tokens, meter)
+    rewards, successes, groups, tokens, meter, histories, config = data
+    batch = step_batch(rewards, successes, groups, tokens, meter, histories=histories)
     return batch, get_estimator(name)(batch, config)
 
 
@@ -114,7 +116,7 @@ def test_algorithm1_fallbacks(name, data):
     elif variant.has_completion_prediction:
         completable = meter.can_complete.clone()
         if variant.robust and config.hindsight:
-            completable |= batch.success[:, None]
+            completable |= known_completable(batch.success, batch.step_mask, batch.history)
         never = ~(completable & meter.valid & batch.step_mask).any(1)
         eligible = never & (codes != Fallback.ZERO_ADVANTAGE) & (codes != Fallback.INVALID_GROUP)
         assert (codes[eligible] == Fallback.ALL_UNSUCCESSFUL).all()
@@ -124,13 +126,13 @@ def test_algorithm1_fallbacks(name, data):
 @settings(max_examples=40, deadline=None)
 @given(data=batches())
 def test_matches_literal_algorithm1(name, data):
-    rewards, successes, groups, tokens, meter, config = data
+    rewards, successes, groups, tokens, meter, histories, config = data
     _, credit = run(name, data)
     variant = VARIANTS[name]
     A, W, token_adv = algorithm1(
         rewards, successes, groups, tokens, meter, config,
         signal=variant.signal, sign_aware=variant.sign_aware, uniform_mixing=variant.uniform_mixing,
-        robust=variant.robust,
+        robust=variant.robust, histories=histories,
     )
     assert credit.advantage.tolist() == pytest.approx(A, rel=1e-5, abs=1e-5)
     for i, weights in enumerate(W):
@@ -150,14 +152,15 @@ def test_bounded_normalization_identity_without_binding_cap(shares, tokens):
     assert torch.allclose(bounded_token_normalization(q, n, cap), w0)
 
 
+@pytest.mark.parametrize("name", ["deltattg", "deltattg_robust"])
 @settings(max_examples=40, deadline=None)
 @given(data=batches(max_groups=3, max_size=4))
-def test_zero_advantage_trajectories_are_not_queried(data):
-    rewards, successes, groups, tokens, meter, config = data
-    _, credit = run("deltattg", data)
+def test_zero_advantage_trajectories_are_not_queried(name, data):
+    rewards, successes, groups, tokens, meter, histories, config = data
+    _, credit = run(name, data)
     # Blank out every reading of A = 0 trajectories: nothing changes, because nobody asked for them.
     blanked = [[None] * len(m) if a == 0 else m for m, a in zip(meter, credit.advantage.tolist())]
-    _, again = run("deltattg", (rewards, successes, groups, tokens, blanked, config))
+    _, again = run(name, (rewards, successes, groups, tokens, blanked, histories, config))
     assert torch.equal(credit.step_weights, again.step_weights)
     assert torch.equal(credit.fallback, again.fallback)
 
@@ -171,7 +174,7 @@ def test_a_subnormal_progress_difference_keeps_the_unit_token_mean():
         return MeterOutput(can_complete=False, tokens_to_go=None, logit=0.0, score=score)
 
     data = ([1.0, 0.0], [True, False], ["g", "g"], [[3, 1, 0], [1]],
-            [[reading(), reading(-1.1754943508222875e-38), reading()], [reading()]],
+            [[reading(), reading(-1.1754943508222875e-38), reading()], [reading()]], None,
             CreditConfig(rho=0.0, cap=1.0, failure_cost=1.0))  # fmt: skip
     _, credit = run("value", data)
     assert credit.step_weights[0].tolist() == [1.0, 1.0, 1.0]

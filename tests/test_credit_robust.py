@@ -16,9 +16,10 @@ from deltattg.credit.robust import (
     capped_shares,
     expected_costs,
     hindsight_probability,
-    outcome_auc,
+    known_completable,
     running_median,
     trusted_weights,
+    within_group_auc,
 )
 from deltattg.data.trajectory import MeterOutput
 
@@ -31,8 +32,18 @@ def test_expected_costs_and_hindsight_by_hand():
     v = torch.tensor([[10.0, 10.0, math.inf, 500.0]])  # no estimate (∞) and an estimate above C both count as C
     # 1·10; 0.5·10 + 0.5·100; 0·C + 1·100; 0.25·100 + 0.75·100.
     assert expected_costs(p, v, C).tolist() == [[10.0, 55.0, 100.0, 100.0]]
-    assert hindsight_probability(p, torch.tensor([True])).tolist() == [[1.0] * 4]
-    assert hindsight_probability(p, torch.tensor([False])).tolist() == p.tolist()
+    assert hindsight_probability(p, torch.tensor([[True] * 4])).tolist() == [[1.0] * 4]
+    assert hindsight_probability(p, torch.tensor([[False, True, False, True]])).tolist() == [[1.0, 1.0, 0.0, 1.0]]
+
+
+def test_known_completable_states_are_a_successes_and_the_states_it_shares():
+    # Trajectory 0 succeeds through states 7, 8; trajectory 1 fails from state 7 (shared: its first move) to 9;
+    # trajectory 2's history is unknown (−1): never shared.
+    success = torch.tensor([True, False, False])
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    history = torch.tensor([[7, 8], [7, 9], [-1, -1]])
+    assert known_completable(success, mask, history).tolist() == [[True, True], [True, False], [False, False]]
+    assert known_completable(success, mask).tolist() == [[True, True], [False, False], [False, False]]
 
 
 def test_running_median_replaces_one_misread_state_and_keeps_the_ends():
@@ -53,15 +64,17 @@ def test_share_cap_by_hand():
 
 
 def test_auc_and_trust_by_hand():
-    # Positives {0.9, 0.8}, negatives {0.8, 0.3}: 0.9 beats both, 0.8 ties 0.8 and beats 0.3 -> 3.5 / 4.
-    scores = torch.tensor([0.9, 0.8, 0.3, 0.8])
-    assert outcome_auc(scores, torch.tensor([True, False, False, True])) == pytest.approx(0.875)
-    assert math.isnan(outcome_auc(scores, torch.ones(4, dtype=torch.bool)))
-    p = torch.tensor([[0.9, 0.8], [0.3, 0.8]])
-    states = torch.tensor([[True, True], [True, True]])
-    auc, trust = batch_trust(p, torch.tensor([True, False]), states)
-    assert (auc, trust) == (pytest.approx(0.875), pytest.approx(0.75))
-    assert batch_trust(torch.full((2, 2), 0.7), torch.tensor([True, False]), states) == (0.5, 0.0)  # chance: none
+    # Group 0: success mean p̃ (0.9 + 0.8)/2 = 0.85 beats its failure's (0.3 + 0.8)/2 = 0.55; group 1: success 0.5
+    # loses to its failure's 0.7. Only same-group pairs count (0.85 vs 0.7 and 0.5 vs 0.55 do not): AUC = 1/2.
+    p = torch.tensor([[0.9, 0.8], [0.3, 0.8], [0.5, 0.0], [0.7, 0.0]])
+    states = torch.tensor([[True, True], [True, True], [True, False], [True, False]])
+    success, group = torch.tensor([True, False, True, False]), torch.tensor([0, 0, 1, 1])
+    assert within_group_auc(torch.tensor([0.85, 0.55, 0.5, 0.7]), success, group) == pytest.approx(0.5)
+    assert batch_trust(p, states, success, group) == (pytest.approx(0.5), 0.0)
+    assert batch_trust(p[:2], states[:2], success[:2], group[:2]) == (pytest.approx(1.0), pytest.approx(1.0))
+    # A tie is half a win: a meter reading the same p̃ everywhere is at chance and gives GRPO.
+    assert batch_trust(torch.full((4, 2), 0.7), states, success, group) == (0.5, 0.0)
+    assert math.isnan(within_group_auc(torch.tensor([0.1, 0.2]), torch.tensor([True, True]), torch.tensor([0, 0])))
     w = torch.tensor([[3.0, 0.5, 0.0]])
     assert trusted_weights(w, 0.75, torch.tensor([[True, True, False]])).tolist() == [[2.5, 0.625, 0.0]]
 
@@ -110,6 +123,6 @@ def test_the_recommended_defaults_keep_the_invariants_and_report_their_trust():
     w = credit.step_weights
     assert torch.allclose(w.mean(dim=1), torch.ones(2), atol=1e-6) and (w <= 5.0 + 1e-6).all()
     assert (credit.step_advantages[0] > 0).all() and (credit.step_advantages[1] < 0).all()
-    # Success states p̃ = 1, 1, 0.4, 1; failure states all 1: AUC = (3·(4·0.5) + 1·0) / 16 = 0.375 -> trust 0 -> GRPO.
-    assert credit.metrics == {"credit/auc": pytest.approx(0.375), "credit/trust": 0.0}
+    # The success's mean p̃ (1 + 1 + 0.4 + 1)/4 = 0.85 is below its failure's 1: AUC 0 -> trust 0 -> GRPO.
+    assert credit.metrics == {"credit/auc": 0.0, "credit/trust": 0.0}
     assert w.tolist() == [[1.0] * 4, [1.0] * 4]

@@ -50,7 +50,7 @@ def expected_tokens(step_adv: torch.Tensor, tokens: list[list[int]]) -> list[flo
 @settings(max_examples=25, deadline=None)
 @given(data=batches(), seed=st.integers(0, 2**16))
 def test_flat_layouts_match_per_trajectory(name, data, seed):
-    rewards, successes, groups, tokens, meter, config = data
+    rewards, successes, groups, tokens, meter, _, config = data  # the flat layouts carry no history ids
     tokens = [[max(n, 1) for n in steps] for steps in tokens]  # a flat row cannot hold an empty action
     batch = step_batch(rewards, successes, groups, tokens, meter)
     reference = get_estimator(name)(batch, config)
@@ -92,7 +92,7 @@ def conversation_rows_with_ids(tokens: list[list[int]], rng: np.random.Generator
 @settings(max_examples=25, deadline=None)
 @given(data=batches(), seed=st.integers(0, 2**16))
 def test_explicit_step_ids_match_per_trajectory_in_any_row_order(name, data, seed):
-    rewards, successes, groups, tokens, meter, config = data
+    rewards, successes, groups, tokens, meter, _, config = data  # the flat layouts carry no history ids
     tokens = [[max(n, 1) for n in steps] for steps in tokens]
     reference = get_estimator(name)(step_batch(rewards, successes, groups, tokens, meter), config)
     rng = np.random.default_rng(seed)

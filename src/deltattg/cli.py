@@ -77,6 +77,29 @@ def add_step_group_options(parser: argparse.ArgumentParser, config: type) -> Non
     group.add_argument("--base-group", action="store_true", help="HGPO: add the episode term as a k = 0 item")
 
 
+def add_robust_options(parser: argparse.ArgumentParser, config: type) -> None:
+    """deltattg_robust's settings (ours), with ``CreditConfig``'s defaults: the recommended configuration."""
+    group = parser.add_argument_group("deltattg_robust (ours; the defaults are the recommended configuration)")
+    group.add_argument("--soft", action=argparse.BooleanOptionalAction, default=config.soft,
+                       help="soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the meter's calibrated probability p̃ "
+                       "(records: meter[].probability; b̂ where absent), default %(default)s")
+    group.add_argument("--hindsight", action=argparse.BooleanOptionalAction, default=config.hindsight,
+                       help="p̃ = 1 on every state of a successful trajectory, default %(default)s")
+    group.add_argument("--smooth", type=number(int, low=1, high=99), default=config.smooth, metavar="K",
+                       help="running median of K states (odd) over the cost trace, 1: none; default %(default)s")
+    group.add_argument("--share-cap", type=multiplier_cap, default=config.share_cap, metavar="KAPPA",
+                       help="no step's share exceeds KAPPA/T (1: GRPO's uniform shares), default %(default)s")
+    group.add_argument("--trust", choices=["auc", "none"], default=config.trust,
+                       help="auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ against the outcomes of "
+                       "the batch's queried states; default %(default)s")
+
+
+def robust_settings(args: argparse.Namespace) -> dict:
+    """The ``CreditConfig`` fields of :func:`add_robust_options`."""
+    return {"soft": args.soft, "hindsight": args.hindsight, "smooth": args.smooth, "share_cap": args.share_cap,
+            "trust": args.trust}
+
+
 def add_information_gain_options(parser: argparse.ArgumentParser, config: type) -> None:
     """IGPO's and A²TGPO's settings, with ``CreditConfig``'s defaults (issue 11's γ = 1, α = β = 0.3)."""
     group = parser.add_argument_group("igpo / a2tgpo (records need answer_logprobs: T + 1 numbers <= 0)")
@@ -210,7 +233,8 @@ def cmd_credit(args: argparse.Namespace) -> int:
         config = CreditConfig(rho=args.rho, cap=args.cap, failure_cost=args.failure_cost, epsilon=args.epsilon,
                               gamma=args.gamma, step_weight=args.step_weight, norm=args.norm, history=args.history,
                               alpha=args.alpha, base_group=args.base_group, ig_gamma=args.ig_gamma,
-                              ig_alpha=args.ig_alpha, ig_beta=args.ig_beta, ig_log=args.ig_log)  # fmt: skip
+                              ig_alpha=args.ig_alpha, ig_beta=args.ig_beta, ig_log=args.ig_log,
+                              **robust_settings(args))  # fmt: skip
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     problem = get_estimator(args.method).records_problem()  # it reads what no record carries (DelTA's hidden states)
@@ -579,7 +603,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.show < 1:
         raise UsageError(f"--show must be at least 1, got {args.show}")
     try:
-        config = CreditConfig(rho=args.rho, cap=args.cap, failure_cost=args.failure_cost)
+        config = CreditConfig(rho=args.rho, cap=args.cap, failure_cost=args.failure_cost, **robust_settings(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     _check_out(args.out, *args.input, folder=True)
@@ -657,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the paper uses 16384 (ALFWorld, AWM) and 6144 (PaperSearchQA)")
     credit.add_argument("--epsilon", type=number(float, low=0, low_open=True, high=1), default=CreditConfig.epsilon,
                         help="ε of the group standard deviation (Eq. 14), in (0, 1]")
+    add_robust_options(credit, CreditConfig)
     add_step_group_options(credit, CreditConfig)
     add_information_gain_options(credit, CreditConfig)
     credit.add_argument("--table", action="store_true", help="also print a per-step credit table")
@@ -836,6 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--env", choices=["household"], help="replay with this environment's planner: precision table")
     inspect.add_argument("--failure-cost", type=failure_cost, default=None, metavar="C", help="C of Eq. 7 (ttg and feas methods)")
     add_mixing_options(inspect, CreditConfig)
+    add_robust_options(inspect, CreditConfig)
     inspect.add_argument("--show", type=positive_int, default=4, help="trajectories drawn and tabulated (default 4)")
     _add_tokenizer(inspect)
     _add_skip_invalid(inspect)

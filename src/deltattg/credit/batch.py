@@ -49,6 +49,8 @@ class StepBatch:
     # reference answer teacher-forced after t turns (t = 0: the prompt alone); columns past T_i are padding (0)
     verified: Tensor | None = None  # [n, S] int8 (CrEST): 1 = the environment verified step t's outcome (admissible
     # action, tool call without error), 0 = it verified a failure, −1 = nothing verified (None) and at padding
+    history: Tensor | None = None  # [n, S] int64 ids of the decision states h_t: equal id ⇔ identical history;
+    # −1 where unknown (a record without messages) and at padding (deltattg_robust's hindsight)
 
     @property
     def num_steps(self) -> Tensor:

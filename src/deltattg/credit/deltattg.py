@@ -87,8 +87,8 @@ def progress_potential(batch: StepBatch, config: CreditConfig, signal: Signal) -
 
 
 def robust_potential(batch: StepBatch, config: CreditConfig) -> Tensor:
-    """Φ = −c for the robust record (ours, :mod:`deltattg.credit.robust`): p̃ (hindsight: 1 on successful
-    trajectories), the soft readout (or b̂ with ``soft`` off), the terminal anchored (Eq. 7), then the running
+    """Φ = −c for the robust record (ours, :mod:`deltattg.credit.robust`): p̃ (hindsight: 1 on the states of
+    successful trajectories and on states with their histories), the soft readout (or b̂ with ``soft`` off), the terminal anchored (Eq. 7), then the running
     median of ``smooth`` states over c_0..c_T."""
     meter = batch.meter
     assert meter is not None
@@ -96,7 +96,8 @@ def robust_potential(batch: StepBatch, config: CreditConfig) -> Tensor:
         raise ValueError("the robust estimator needs a failure cost C (--failure-cost)")
     probability = robust.completion_probability(meter) if config.soft else meter.can_complete.to(meter.tokens_to_go.dtype)
     if config.hindsight:
-        probability = robust.hindsight_probability(probability, batch.success)
+        known = robust.known_completable(batch.success, batch.step_mask, batch.history)
+        probability = robust.hindsight_probability(probability, known)
     costs = robust.expected_costs(probability, meter.tokens_to_go, config.failure_cost)
     trace = append_terminal(costs, terminal_cost(batch.success, config.failure_cost, costs.dtype), batch.num_steps)
     return -robust.running_median(trace, batch.num_steps, config.smooth)
@@ -180,7 +181,7 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     # readout still ranks such states by p̃, and hindsight makes a successful trajectory's states completable.)
     predicted = meter.can_complete
     if variant.robust and config.hindsight:
-        predicted = predicted | batch.success[:, None]
+        predicted = predicted | robust.known_completable(batch.success, step_mask, batch.history)
     if variant.has_completion_prediction and not (variant.robust and config.soft):
         all_unsuccessful = ~((predicted & meter.valid & step_mask).any(dim=1))
     else:
@@ -197,7 +198,8 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     weights = bounded_token_normalization(shares, batch.step_tokens, config.cap)
     metrics: dict[str, float] = {}
     if variant.robust and config.trust == "auc":  # how well p̃ ranks this batch's queried states by their outcomes
-        auc, trust = robust.batch_trust(robust.completion_probability(meter), batch.success, queried & meter.valid)
+        auc, trust = robust.batch_trust(robust.completion_probability(meter), queried & meter.valid, batch.success,
+                                        batch.group)
         weights = robust.trusted_weights(weights, trust, step_mask)
         metrics = {"credit/auc": auc, "credit/trust": trust}
 
@@ -283,7 +285,8 @@ def family_record(name: str, variant: Variant) -> Estimator:
     options = [OPTIONS["rho"]] * variant.uniform_mixing + [OPTIONS["cap"]]
     options += [OPTIONS["failure_cost"]] * cost + [OPTIONS["logit_clip"]] * (variant.signal == "logit")
     options += list(ROBUST_OPTIONS) * variant.robust
-    return Estimator(name, estimator, _DOCS[name], frozenset({Reads.METER}), READING[variant.signal], cost,
+    reads = {Reads.METER, Reads.HISTORIES} if variant.robust else {Reads.METER}
+    return Estimator(name, estimator, _DOCS[name], frozenset(reads), READING[variant.signal], cost,
                      tuple(options))  # fmt: skip
 
 

@@ -85,11 +85,13 @@ def step_batch(
     anchors: Sequence[Sequence[Hashable]] | None = None,
     answer_logprobs: Sequence[Sequence[float]] | None = None,
     verified: Sequence[Sequence[bool | None]] | None = None,
+    histories: Sequence[Sequence[Hashable | None]] | None = None,
 ) -> StepBatch:
     """The per-trajectory layout from plain Python lists (one entry per trajectory); ``anchors`` are any hashable
     anchor observations (their text), numbered so that equal observations share an id; ``answer_logprobs`` T_i + 1
     numbers per trajectory (padded to ``[n, S+1]`` with 0); ``verified`` T_i verified step outcomes per trajectory
-    (True, False or None; :func:`verified_codes`)."""
+    (True, False or None; :func:`verified_codes`); ``histories`` a key of each decision state (None: unknown),
+    numbered like the anchors."""
     tokens, mask = pad_steps(step_tokens)
     group, _ = factorize(list(groups))
     return StepBatch(
@@ -103,6 +105,7 @@ def step_batch(
         anchor=None if anchors is None else anchor_ids(anchors, mask.shape[1]),
         answer_logprobs=None if answer_logprobs is None else answer_columns(answer_logprobs, mask),
         verified=None if verified is None else verified_codes(verified, mask),
+        history=None if histories is None else anchor_ids(histories, mask.shape[1]),
     )
 
 
@@ -133,10 +136,12 @@ def answer_columns(answer_logprobs: Sequence[Sequence[float]], step_mask: Tensor
     return out
 
 
-def anchor_ids(anchors: Sequence[Sequence[Hashable]], width: int) -> Tensor:
+def anchor_ids(anchors: Sequence[Sequence[Hashable | None]], width: int) -> Tensor:
     """``[n, width]`` int64 ids of the anchor observations (equal observation ⇔ equal id, across the batch), −1 at
-    padding."""
+    padding and where a key is ``None`` (unknown: equal to nothing)."""
     ids, _ = factorize([a for row in anchors for a in row])
+    known = torch.tensor([a is not None for row in anchors for a in row], dtype=torch.bool)
+    ids = torch.where(known, ids, torch.full_like(ids, -1))
     out = torch.full((len(anchors), width), -1, dtype=torch.int64)
     start = 0
     for i, row in enumerate(anchors):

@@ -11,7 +11,13 @@ from deltattg.credit.layouts import factorize, step_batch
 from deltattg.credit.registry import Estimator, Reads, available_estimators, get_estimator
 from deltattg.data.sources import Located
 from deltattg.data.tokens import resolve_step_tokens
-from deltattg.data.trajectory import Trajectory, anchor_observations, step_rewards, verified_outcomes
+from deltattg.data.trajectory import (
+    Trajectory,
+    anchor_observations,
+    decision_state_keys,
+    step_rewards,
+    verified_outcomes,
+)
 from deltattg.errors import InputError
 
 
@@ -105,6 +111,7 @@ def trajectory_batch(trajectories: Sequence[Trajectory], step_tokens: Sequence[S
         [anchor_observations(t) for t in trajectories] if Reads.ANCHORS in estimator.reads else None,
         _answer_logprobs(trajectories) if Reads.ANSWER_PROBS in estimator.reads else None,
         [verified_outcomes(t) for t in trajectories] if Reads.VERIFIED in estimator.reads else None,
+        [decision_state_keys(t) for t in trajectories] if Reads.HISTORIES in estimator.reads else None,
     )
 
 

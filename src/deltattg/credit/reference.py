@@ -55,14 +55,14 @@ def capped(w: list[float], n: Sequence[int], cap: float) -> list[float]:
 
 
 # ---- the robust record's stages (ours), literally -------------------------------------------------------------------
-def robust_cost(r: MeterOutput, success: bool, config: CreditConfig) -> float:
+def robust_cost(r: MeterOutput, known: bool, config: CreditConfig) -> float:
     """c = p̃·min(v̂, C) + (1 − p̃)·C, p̃ the calibrated probability (b̂ without one, or with ``soft`` off), 1 on a
-    successful trajectory with ``hindsight``; v̂ missing counts as C."""
+    state ``known`` to be completable with ``hindsight``; v̂ missing counts as C."""
     C = config.failure_cost
     p = 1.0 if r.can_complete else 0.0
     if config.soft and r.probability is not None:
         p = r.probability
-    if config.hindsight and success:
+    if config.hindsight and known:
         p = 1.0
     v = C if r.tokens_to_go is None else min(r.tokens_to_go, C)
     return p * v + (1.0 - p) * C
@@ -75,17 +75,22 @@ def running_median(values: list[float], window: int) -> list[float]:
     return [statistics.median(values[min(max(t + j, 0), last)] for j in range(-half, half + 1)) for t in range(len(values))]
 
 
-def batch_trust(A: Sequence[float], successes: Sequence[bool], meter: Sequence[Sequence[MeterOutput | None]]) -> float:
-    """τ = clip(2·AUC − 1, 0, 1): AUC of p̃ over every valid reading of an A ≠ 0 trajectory against its outcome, by
-    counting all pairs (ties half)."""
-    scored = [((r.probability if r.probability is not None else float(bool(r.can_complete))), successes[i])
-              for i in range(len(A)) if A[i] != 0 for r in meter[i] if r is not None]  # fmt: skip
-    positives = [p for p, s in scored if s]
-    negatives = [p for p, s in scored if not s]
-    if not positives or not negatives:
+def batch_trust(A: Sequence[float], successes: Sequence[bool], groups: Sequence[Hashable],
+                meter: Sequence[Sequence[MeterOutput | None]]) -> float:
+    """τ = clip(2·AUC − 1, 0, 1): AUC of each A ≠ 0 trajectory's mean p̃ over its valid readings, counted over every
+    (success, failure) pair of the same group (ties half)."""
+    scores = {}
+    for i in range(len(A)):
+        read = [r.probability if r.probability is not None else float(bool(r.can_complete)) for r in meter[i]
+                if r is not None]  # fmt: skip
+        if A[i] != 0 and read:
+            scores[i] = sum(read) / len(read)
+    pairs = [(scores[i], scores[j]) for i in scores for j in scores
+             if groups[i] == groups[j] and successes[i] and not successes[j]]  # fmt: skip
+    if not pairs:
         return 0.0
-    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in positives for b in negatives)
-    return min(max(2.0 * wins / (len(positives) * len(negatives)) - 1.0, 0.0), 1.0)
+    auc = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
+    return min(max(2.0 * auc - 1.0, 0.0), 1.0)
 
 
 def algorithm1(
@@ -100,9 +105,11 @@ def algorithm1(
     sign_aware: bool = True,
     uniform_mixing: bool = True,
     robust: bool = False,
+    histories: Sequence[Sequence[Hashable | None]] | None = None,
 ) -> tuple[list[float], list[list[float]], list[list[float]]]:
     """Lines 6–31 of Algorithm 1 for one batch: (A_i, w_{i,t}, Ã_{i,t,k} for every token); ``robust``: with the
-    robust record's stages (ours, ``deltattg.credit.robust``) as ``config`` sets them."""
+    robust record's stages (ours, ``deltattg.credit.robust``) as ``config`` sets them, ``histories`` a key of each
+    decision state (None: unknown) for its hindsight."""
     C = config.failure_cost
     rho = config.rho if uniform_mixing else 0.0
     T = [len(n) for n in step_tokens]
@@ -114,19 +121,22 @@ def algorithm1(
             for t in range(T[i]):
                 if meter[i][t] is None:
                     valid_group[groups[i]] = False
-    trust = batch_trust(A, successes, meter) if robust and config.trust == "auc" else 1.0
+    trust = batch_trust(A, successes, groups, meter) if robust and config.trust == "auc" else 1.0
+    keys = histories or [[None] * T[i] for i in range(len(T))]
+    visited = {k for i in range(len(T)) if successes[i] for k in keys[i] if k is not None}  # states a success visited
     for i in range(len(T)):  # line 13
         if A[i] == 0 or not valid_group[groups[i]]:
             continue  # keep original advantages (line 31)
         readings = meter[i]
-        completable = [r.can_complete or (robust and config.hindsight and successes[i]) for r in readings]  # type: ignore[union-attr]
+        known = [successes[i] or (keys[i][t] is not None and keys[i][t] in visited) for t in range(T[i])]
+        completable = [r.can_complete or (robust and config.hindsight and known[t]) for t, r in enumerate(readings)]  # type: ignore[union-attr]
         if signal in ("ttg", "feas") and not (robust and config.soft) and not any(completable):
             continue  # line 15
         potential = []
         for t in range(T[i]):  # line 17 (and the E.4 variants)
             r = readings[t]
             if robust:
-                potential.append(-robust_cost(r, successes[i], config))  # type: ignore[arg-type]
+                potential.append(-robust_cost(r, known[t], config))  # type: ignore[arg-type]
             elif signal == "ttg":
                 potential.append(-(min(r.tokens_to_go, C) if r.can_complete else C))  # v̂ clamped to C (ours)
             elif signal == "feas":

@@ -54,6 +54,7 @@ class Reads(str, enum.Enum):
     HIDDEN_STATES = "token hidden states"
     TEACHER_LOGPROBS = "teacher log-probs"
     VERIFIED = "verified step outcomes"
+    HISTORIES = "decision-state identities (the messages before each action; optional)"
 
     @property
     def in_records(self) -> bool:
@@ -62,10 +63,11 @@ class Reads(str, enum.Enum):
         return self in RECORD_INPUTS
 
 
-RECORD_INPUTS = frozenset({Reads.METER, Reads.STEP_REWARDS, Reads.ANCHORS, Reads.ANSWER_PROBS, Reads.VERIFIED})
+RECORD_INPUTS = frozenset({Reads.METER, Reads.STEP_REWARDS, Reads.ANCHORS, Reads.ANSWER_PROBS, Reads.VERIFIED,
+                           Reads.HISTORIES})
 """The inputs a trajectory record can carry (``meter``; ``steps[].reward``; the messages or ``steps[].observation``;
-``answer_logprobs``; ``steps[].verified``). Token hidden states and teacher log-probs come only from the actor's
-forward passes."""
+``answer_logprobs``; ``steps[].verified``; the messages). Token hidden states and teacher log-probs come only from
+the actor's forward passes."""
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,17 @@ chose, see the README), and each leaves the paper's invariants alone: the advant
 are unchanged, and no token multiplier exceeds M.
 
     p̃            the meter's calibrated completion probability (b̂ as 0/1 where a meter gives none)
-    hindsight    p̃ = 1 on every state of a successful trajectory: it was completed, so a b̂ = 0 there is a known
-                 false negative (``hindsight``)
+    hindsight    p̃ = 1 on every state of a successful trajectory — it was completed, so a b̂ = 0 there is a known
+                 false negative — and on every state of another trajectory of the batch with the same history
+                 (a failure's first moves that a success shared are not to blame) (``hindsight``)
     soft readout c_t = p̃_t·min(v̂_t, C) + (1 − p̃_t)·C, the expected remaining work (``soft``; Eq. 7 where p̃ ∈ {0, 1})
     smoothing    a running median of ``smooth`` states over c_0..c_T before differencing, the anchored ends kept, so a
                  single misread state cancels instead of moving two Δ by ±C (``smooth``)
     share cap    q_t ≤ κ/T_i, the excess handed to the other steps by their room below the cap (``share_cap`` κ;
                  κ = 1 is GRPO's uniform shares)
-    trust        w ← 1 + τ·(w − 1) with τ = clip(2·AUC − 1, 0, 1), the AUC of p̃ against the trajectory outcomes
-                 over the queried states of the batch: a meter no better than chance on this batch's own outcomes
-                 gives exactly GRPO (``trust``)
+    trust        w ← 1 + τ·(w − 1) with τ = clip(2·AUC − 1, 0, 1), the AUC with which each trajectory's mean p̃
+                 tells the batch's successes from the failures of the same task: a meter no better than chance on
+                 this batch's own outcomes gives exactly GRPO (``trust``)
 """
 
 from __future__ import annotations
@@ -35,9 +36,19 @@ def completion_probability(meter: MeterReadings) -> Tensor:
     return hard if meter.probability is None else meter.probability.to(hard.dtype)
 
 
-def hindsight_probability(probability: Tensor, success: Tensor) -> Tensor:
-    """p̃ = 1 on every state of a successful trajectory (the outcome proves each of them completable)."""
-    return torch.where(success[:, None], torch.ones_like(probability), probability)
+def known_completable(success: Tensor, step_mask: Tensor, history: Tensor | None = None) -> Tensor:
+    """``[n, S]``: the decision states the batch's outcomes prove completable — every state of a successful
+    trajectory, and (with ``history`` ids) every state of another trajectory whose history is one of those."""
+    known = success[:, None] & step_mask
+    if history is None:
+        return known
+    visited = history[known & (history >= 0)]
+    return known | (torch.isin(history, visited) & (history >= 0))
+
+
+def hindsight_probability(probability: Tensor, known: Tensor) -> Tensor:
+    """p̃ = 1 on the states known to be completable (:func:`known_completable`)."""
+    return torch.where(known, torch.ones_like(probability), probability)
 
 
 def expected_costs(probability: Tensor, tokens_to_go: Tensor, failure_cost: float) -> Tensor:
@@ -81,23 +92,32 @@ def capped_shares(shares: Tensor, step_mask: Tensor, kappa: float) -> Tensor:
     return capped_with_refill(shares, mask, cap) * mask
 
 
-def outcome_auc(scores: Tensor, positive: Tensor) -> float:
-    """Mann–Whitney AUC: the probability that a positive's score exceeds a negative's, ties counted half (NaN when a
-    class is empty)."""
+def within_group_auc(scores: Tensor, success: Tensor, group: Tensor) -> float:
+    """The probability that a successful trajectory's score exceeds a failed one's *of the same group* (ties count
+    half), over every such pair in the batch (Mann–Whitney within each group, pooled); NaN without any pair."""
     from deltattg.meter.fit import average_ranks
 
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = average_ranks(scores.double().cpu().numpy())  # 0-based, ties share their mean rank
-    return float((ranks[positive.cpu().numpy()].sum() - n_pos * (n_pos - 1) / 2) / (n_pos * n_neg))
+    wins, pairs = 0.0, 0
+    for g in group.unique().tolist():
+        members = group == g
+        positive = success[members].cpu().numpy()
+        n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+        if n_pos and n_neg:
+            ranks = average_ranks(scores[members].double().cpu().numpy())  # 0-based, ties share their mean rank
+            wins += float(ranks[positive].sum() - n_pos * (n_pos - 1) / 2)
+            pairs += n_pos * n_neg
+    return wins / pairs if pairs else float("nan")
 
 
-def batch_trust(probability: Tensor, success: Tensor, states: Tensor) -> tuple[float, float]:
-    """(AUC, τ): the AUC of p̃ against each state's trajectory outcome over ``states`` (``[n, S]`` mask: the queried,
-    validly read states of the batch), and τ = clip(2·AUC − 1, 0, 1) — 0 (GRPO) when the meter ranks this batch's
-    states no better than chance, or when the states hold only one outcome."""
-    auc = outcome_auc(probability[states], success[:, None].expand_as(states)[states])
+def batch_trust(probability: Tensor, states: Tensor, success: Tensor, group: Tensor) -> tuple[float, float]:
+    """(AUC, τ): how well the meter tells this batch's successes from its failures of the same task — the AUC of each
+    trajectory's mean p̃ over ``states`` (``[n, S]`` mask: its validly read states; trajectories without any are left
+    out) within groups — and τ = clip(2·AUC − 1, 0, 1): 0 (GRPO) for a meter no better than chance on this batch,
+    or when no group holds both outcomes among the read trajectories."""
+    counted = states.sum(dim=1)
+    read = counted > 0
+    score = (probability.double() * states).sum(dim=1) / counted.clamp(min=1)
+    auc = within_group_auc(score[read], success[read], group[read])
     trust = 0.0 if auc != auc else min(max(2.0 * auc - 1.0, 0.0), 1.0)
     return auc, trust
 

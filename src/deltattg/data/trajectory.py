@@ -25,6 +25,8 @@ absolute value; everything must be finite.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -158,6 +160,23 @@ def anchor_observations(trajectory: Trajectory) -> list[str]:
         anchors.append("\n".join(text_of(m.get("content")) for m in messages[start:index]))
         start = index + 1
     return anchors
+
+
+def decision_state_keys(trajectory: Trajectory) -> list[str | None]:
+    """An identity of each decision state h_0..h_{T−1} — a SHA-256 chained over the canonical JSON of the messages
+    before the action, so two states have the same key exactly when their histories are equal (in any trajectory of
+    the batch); ``None`` for every state of a record without messages."""
+    messages = trajectory.messages
+    if messages is None:
+        return [None] * trajectory.num_steps
+    keys, digest, start = [], hashlib.sha256(), 0
+    for index in assistant_indices(messages):
+        for message in messages[start:index]:
+            digest.update(json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii"))
+            digest.update(b"\n")
+        keys.append(digest.copy().hexdigest())
+        start = index
+    return keys
 
 
 def verified_outcomes(trajectory: Trajectory) -> list[bool | None]:

@@ -79,7 +79,7 @@ class DemoConfig:
     meter_lr: float = 1e-3
 
     # ---- RL: every arm (``pipeline.Arm`` specs) from the same init, seed and budget (household-tiny preset) ----
-    arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg@oracle")
+    arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg_robust")
     steps: int = 80
     batch_size: int = 8  # tasks per step
     group_size: int = 8  # rollouts per task (G)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 import shutil
 import sys
@@ -25,6 +26,7 @@ import torch
 import yaml
 
 from deltattg.credit import CreditConfig
+from deltattg.credit.deltattg import RECOMMENDED
 from deltattg.inspection import CreditArm, Inspection, inspect_credit
 from deltattg.meter.oracle import OracleMeter
 from deltattg.data.jsonl import write_jsonl
@@ -181,16 +183,16 @@ def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, f
 
 # ---- stage 3: the progress meter -------------------------------------------------------------------------------------
 def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path,
-                heldout: Sequence[Trajectory] = ()) -> dict:
+                heldout: Sequence[Trajectory] = (), *, turns_left: bool = True) -> dict:
     """A regression meter (tiny Llama backbone over the actor's tokenizer + head) trained end to end on every
-    decision state of ``trajectories`` (Eq. 1–2 labels; each state marked with the turns left), its completion
-    temperature fitted on the ``heldout`` trajectories' states, saved to ``folder``; returns the training report
-    (with ``calibration``)."""
+    decision state of ``trajectories`` (Eq. 1–2 labels; each state marked with the turns left unless
+    ``turns_left`` is off), its completion temperature fitted on the ``heldout`` trajectories' states, saved to
+    ``folder``; returns the training report (with ``calibration``)."""
     backbone = tiny_llama(tokenizer, hidden=config.meter_hidden, layers=config.meter_layers, heads=config.meter_heads,
                           max_positions=config.meter_max_length, seed=config.seed).model  # fmt: skip
     meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
                                                                   head_hidden=4 * config.meter_hidden,
-                                                                  turn_limit=config.max_turns))  # fmt: skip
+                                                                  turn_limit=config.max_turns if turns_left else None))  # fmt: skip
     windows, examples = [], []
     for t in trajectories:
         w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows))
@@ -204,6 +206,7 @@ def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenize
     if heldout:
         report["calibration"] = calibrate(meter.eval(), heldout).as_dict()
         meter.save_pretrained(folder)
+        (folder / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -353,7 +356,8 @@ def credit_inspection(config: DemoConfig, world: World, actor: BaseActor, meter:
     rollouts = run_episodes(world.make_env, tasks, actor.policy(config, world), group_size=config.group_size,
                             max_turns=config.max_turns)  # fmt: skip
     learned = [with_readings(t, r) for t, r in zip(rollouts, read_states(meter, rollouts)[0])]
-    arms = [CreditArm("GRPO", "grpo", learned), CreditArm("DeltaTTG (learned meter)", "deltattg", learned)]
+    arms = [CreditArm("GRPO", "grpo", learned), CreditArm("DeltaTTG (learned meter)", "deltattg", learned),
+            CreditArm("robust DeltaTTG (learned meter)", RECOMMENDED, learned)]
     household = config.env == "household"
     if household:
         exact = read_states(OracleMeter(actor.tokenizer), rollouts)[0]

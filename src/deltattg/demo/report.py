@@ -18,9 +18,10 @@ from deltattg.meter.fit import MeterFit
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 
-LABELS = {"grpo": "GRPO", "deltattg": "DeltaTTG (learned meter)", "deltattg@oracle": "DeltaTTG (oracle meter)"}
+LABELS = {"grpo": "GRPO", "deltattg": "DeltaTTG (learned meter)", "deltattg@oracle": "DeltaTTG (oracle meter)",
+          "deltattg_robust": "robust DeltaTTG (learned meter)", "deltattg_robust@oracle": "robust DeltaTTG (oracle meter)"}
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
-COLORS = {"grpo": PALETTE[0], "deltattg": PALETTE[1], "deltattg@oracle": PALETTE[2]}
+COLORS = {"grpo": PALETTE[0], "deltattg": PALETTE[1], "deltattg@oracle": PALETTE[2], "deltattg_robust": PALETTE[3]}
 
 
 def label(arm: str) -> str:
@@ -211,7 +212,7 @@ def confusion_table(fit: MeterFit) -> str:
 def write_report(result: DemoResult) -> Path:
     """Draw the plots, write ``demo_config.yaml``, the credit inspection (``credit/``) and ``report.md`` under
     ``result.out``; return the report's path."""
-    from deltattg.inspection import precision_table
+    from deltattg.inspection import concentration_table, precision_table
     from deltattg.inspection import write_report as write_inspection
 
     out, config = result.out, result.config
@@ -255,12 +256,16 @@ def write_report(result: DemoResult) -> Path:
         f"final batch loss {meter['final_loss']:.3f}. On the held-out pool tasks ({len(fit.success)} states): "
         f"completion accuracy {percent(fit.completion_accuracy)}%, Spearman ρ(true, predicted TTG) "
         f"{fit.spearman:.2f}, mean absolute error {fit.mean_absolute_error:.1f} tokens (the successful "
-        f"trajectories' states). How the meter reads b̂ on the states of successful and of failed trajectories:",
+        f"trajectories' states). Each decision state is marked with the turns left (the meter can see a time-out "
+        f"coming); its completion probability p̃ = σ(logit / T) has T = {meter.get('calibration', {}).get('temperature', 1.0):.2f} "
+        "fitted on those held-out states (what robust DeltaTTG's soft readout reads). How the meter reads b̂ on the "
+        "states of successful and of failed trajectories:",
         confusion_table(fit),
         f"![meter fit]({METER_PLOT})",
         "## 4. Where the credit goes",
         f"{config.group_size} sampled base-actor rollouts of each of {config.credit_tasks} training tasks, credited by "
-        "GRPO (the trajectory's advantage on every step) and by DeltaTTG reading the learned meter"
+        "GRPO (the trajectory's advantage on every step), by the paper's DeltaTTG and by robust DeltaTTG (ours, the "
+        "recommended configuration) reading the learned meter"
         + (" and the oracle meter (the household planner's exact readings). The planner also says which steps made "
            "progress (the distance to the goal drops), which were neutral and which regressed; the table gives the "
            "share of positive credit (A > 0, token-weighted) on progress steps and of negative credit (A < 0) on "
@@ -268,8 +273,11 @@ def write_report(result: DemoResult) -> Path:
            f"{census['regress']} regress steps)." if census else ".")
         + f" Per-step tables of the drawn trajectories: `{CREDIT_DIR}/inspect.md`.",
         precision_table(result.credit) if census else "",
+        "How concentrated each method's credit is within a trajectory (a step's share: its |credit|·tokens over the "
+        "trajectory's; one misread b̂ sends most of the paper's credit to one step):",
+        concentration_table(result.credit),
         f"![per-step credit]({CREDIT_DIR}/inspect.png)",
-        "## 5. RL: GRPO and DeltaTTG",
+        "## 5. RL: GRPO, DeltaTTG and robust DeltaTTG",
         f"{config.steps} steps each, {config.batch_size} tasks × G = {config.group_size} rollouts per step, lr "
         f"{config.lr:g}, C = {config.failure_cost:g}, ρ = {config.rho:g}, M = {config.cap:g}; held-out evaluation on "
         f"{config.eval_tasks} `{config.eval_split}` tasks every {config.eval_every} steps. One seed: the gap between "

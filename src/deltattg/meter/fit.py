@@ -6,7 +6,7 @@ states, and, between two meters on the same states, how often their b̂ agree an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,10 +29,27 @@ class MeterFit:
     true_ttg: list[float]  # Eq. 1 (meaningful where success)
     predicted_can: list[bool]  # b̂
     predicted_ttg: list[float | None]  # v̂ (the regression meter gives it where b̂ = 0 too; None where a meter does not)
+    steps: list[int] = field(default_factory=list)  # t: the actions taken before the state
+    probability: list[float | None] = field(default_factory=list)  # p̃, where the meter gives one
 
     @property
     def completion_accuracy(self) -> float:
         return mean([p == s for p, s in zip(self.predicted_can, self.success)])
+
+    def accuracy_on(self, outcome: bool) -> float:
+        """Completion accuracy on the states of the successful (``True``) or the failed trajectories."""
+        return mean([p == s for p, s in zip(self.predicted_can, self.success) if s == outcome])
+
+    def accuracy_by_step(self) -> dict[int, float]:
+        """Completion accuracy of the states after t actions, for each t."""
+        return {t: mean([p == s for p, s, u in zip(self.predicted_can, self.success, self.steps) if u == t])
+                for t in sorted(set(self.steps))}  # fmt: skip
+
+    @property
+    def calibration_error(self) -> float:
+        """ECE of p̃ against the outcome over the states that have one (NaN without any)."""
+        pairs = [(p, s) for p, s in zip(self.probability, self.success) if p is not None]
+        return expected_calibration_error([p for p, _ in pairs], [s for _, s in pairs])
 
     def confusion(self) -> dict[tuple[bool, bool], int]:
         """States counted by (the trajectory succeeded, the meter predicted b̂ = 1)."""
@@ -76,13 +93,15 @@ def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
     readings, _ = read_states(meter, trajectories)
     fit = MeterFit([], [], [], [])
     for trajectory, row in zip(trajectories, readings):
-        for ttg, reading in zip(remaining_sums(trajectory.step_tokens or []), row):
+        for t, (ttg, reading) in enumerate(zip(remaining_sums(trajectory.step_tokens or []), row)):
             if reading is None:
                 continue
             fit.success.append(trajectory.success)
             fit.true_ttg.append(float(ttg))
             fit.predicted_can.append(bool(reading.can_complete))
             fit.predicted_ttg.append(reading.tokens_to_go)
+            fit.steps.append(t)
+            fit.probability.append(reading.probability)
     return fit
 
 

@@ -152,7 +152,7 @@ def step_row_credit(
         metrics |= meter_metrics
         batch.meter = meter_readings(readings, batch.step_mask.shape[1])
     credit = estimator(batch, config)
-    metrics |= {f"deltattg/{k}": float(v) for k, v in credit.fallback_counts().items()}
+    metrics |= {f"deltattg/{k}": float(v) for k, v in (credit.fallback_counts() | credit.metrics).items()}
     advantages = torch.zeros(response_mask.shape, dtype=torch.float32, device=device)
     if episodes.rows:
         rows = torch.tensor(episodes.rows, device=device)

@@ -7,7 +7,8 @@ reward, rollout correction and all), inside which these functions compute the cr
 plain verl trainer), they raise an error that says which trainer to use.
 
 verl's own ``grpo`` keeps its name; ours (Eq. 14, one outcome advantage per episode on every step) is ``grpo_step``,
-and the DeltaTTG ablations carry a ``deltattg_`` prefix (``deltattg_pos``, ``deltattg_rho0``, ...). Registered are the
+and the DeltaTTG ablations carry a ``deltattg_`` prefix (``deltattg_pos``, ``deltattg_rho0``, ...; ``deltattg_robust``
+keeps its name). Registered are the
 estimators whose inputs the agent loop's records carry (:data:`VERL_INPUTS`); those that read the actor's own forward
 passes (IGPO / A²TGPO's answer probabilities, DelTA's hidden states, CrEST's self-teacher) run inside ``deltattg
 train`` only.
@@ -63,7 +64,8 @@ def verl_name(method: str) -> str:
     """The name of deltattg estimator ``method`` in verl's registry."""
     if method == "grpo":
         return "grpo_step"
-    return f"deltattg_{method}" if get_estimator(method).needs_meter and method != "deltattg" else method
+    prefixed = get_estimator(method).needs_meter and not method.startswith("deltattg")
+    return f"deltattg_{method}" if prefixed else method
 
 
 def verl_names() -> dict[str, str]:
