@@ -69,10 +69,10 @@ from deltattg.demo.pipeline import (
     build_world,
     collect_pool,
     process_settings,
-    split_by_task,
     train_meter,
     trainer_settings,
 )
+from deltattg.data.sources import split_by_task
 from deltattg.demo.report import markdown_table, pyplot
 from deltattg.train import read_metrics, resolve, train
 from deltattg.train.checkpoint import code_revision, config_hash
@@ -203,6 +203,30 @@ def median_step_time(runs: Sequence[Sequence[dict]]) -> float:
                              and "time/step" in r)  # fmt: skip
 
 
+TRAINING_READINGS = (  # (column, metric, which steps, format): what each arm's training did, mean over seeds
+    ("entropy, last 10 steps", "entropy", "last", "{:.3f}"),
+    ("A = 0 trajectories per step, last 10", "credit/zero_advantage", "last", "{:.1f}"),
+    ("largest step share", "spread/largest_share", "all", "{:.3f}"),
+    ("credit moved from GRPO's places %", "spread/moved", "all", "{:.1%}"),
+    ("trust τ", "trust/tau", "all", "{:.2f}"),
+)
+
+
+def training_readings(runs: Sequence[Sequence[dict]]) -> list[str]:
+    """Each :data:`TRAINING_READINGS` column of one arm: the mean over its seeds of the per-run mean ("-" where the
+    arm does not log it)."""
+    cells = []
+    for _, metric, which, form in TRAINING_READINGS:
+        per_run = []
+        for records in runs:
+            values = [r[metric] for r in records if r.get("step", 0) > 0 and metric in r]
+            values = values[-10:] if which == "last" else values
+            if values:
+                per_run.append(sum(values) / len(values))
+        cells.append(form.format(sum(per_run) / len(per_run)).replace("%", "") if per_run else "-")
+    return cells
+
+
 def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -284,6 +308,12 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
         "curve never reaches it (in the point estimate or a resample).",
         "![success curves](bench_train.png)",
+        "## What the credit did in training",
+        "Per arm, the mean over seeds of each run's mean: the actor's entropy and the trajectories with A = 0 per step "
+        "(64 rollouts) over the last 10 steps; over every step, the largest step's share of a trajectory's credit, "
+        "how much of its credit moved from GRPO's token shares (0 for GRPO) and the trust τ of deltattg_robust.",
+        markdown_table(("arm", *(name for name, _, _, _ in TRAINING_READINGS)),
+                       [[name, *training_readings(runs)] for name, runs in records.items()]),  # fmt: skip
         "## Per seed",
         markdown_table(("arm", "seed", "start %", "final %", "area %", f"first step ≥ {100 * target:.1f} %"), seed_rows),
     ])  # fmt: skip

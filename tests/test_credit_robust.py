@@ -124,5 +124,5 @@ def test_the_recommended_defaults_keep_the_invariants_and_report_their_trust():
     assert torch.allclose(w.mean(dim=1), torch.ones(2), atol=1e-6) and (w <= 5.0 + 1e-6).all()
     assert (credit.step_advantages[0] > 0).all() and (credit.step_advantages[1] < 0).all()
     # The success's mean p̃ (1 + 1 + 0.4 + 1)/4 = 0.85 is below its failure's 1: AUC 0 -> trust 0 -> GRPO.
-    assert credit.metrics == {"credit/auc": 0.0, "credit/trust": 0.0}
+    assert credit.metrics == {"trust/auc": 0.0, "trust/tau": 0.0}
     assert w.tolist() == [[1.0] * 4, [1.0] * 4]

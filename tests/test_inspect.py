@@ -10,7 +10,7 @@ import pytest
 
 from conftest import collect_household, save_household_tokenizer
 from deltattg.cli import main
-from deltattg.inspection import credit_precision, shown_trajectories, step_classes
+from deltattg.inspection import credit_concentration, credit_precision, shown_trajectories, step_classes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -86,6 +86,37 @@ def test_inspect_writes_the_precision_table_and_picture(scored, capsys):
     assert (out / "inspect.png").read_bytes()[:8] == PNG_SIGNATURE
     shown = figures["shown"][0]["steps"]
     assert {"action", "class", "distance", "credit"} <= set(shown[0]) and set(shown[0]["credit"]) == set(precision)
+
+
+def test_credit_concentration_by_hand():
+    # Shares |Ã|·n / Σ: (1·1, 1·3) -> 0.25, 0.75 (GRPO's own token shares: nothing moved); (2·1, 0.5·1) -> 0.8, 0.2
+    # against token shares 0.5, 0.5 (moved ½·(0.3 + 0.3) = 0.3). A = 0 trajectories get no credit and are left out.
+    records = [{"step_advantages": [1.0, 1.0], "step_tokens": [1, 3]},
+               {"step_advantages": [-2.0, -0.5], "step_tokens": [1, 1]},
+               {"step_advantages": [0.0, 0.0], "step_tokens": [4, 4]}]  # fmt: skip
+    c = credit_concentration(records)
+    assert (c.largest_share_mean, c.largest_share_p90, c.trajectories) == (pytest.approx(0.775), pytest.approx(0.795), 2)
+    entropy = lambda ps: -sum(p * math.log(p) for p in ps)  # noqa: E731
+    assert c.share_entropy == pytest.approx((entropy([0.25, 0.75]) + entropy([0.8, 0.2])) / 2)
+    assert c.redistributed == pytest.approx(0.15)
+
+
+def test_the_recommended_configuration_spreads_a_noisy_meters_credit(scored):
+    """The issue's check on noisy-expert groups read by the σ 0.5 / flip 0.1 oracle: the recommended estimator's
+    largest step share is <= 0.30 on average and below the paper's, and its positive credit on progress steps is
+    at least GRPO's."""
+    out = scored / "robust"
+    assert main(["inspect", str(scored / "noisy.jsonl"), "--methods", "grpo,deltattg,deltattg_robust",
+                 "--failure-cost", "256", "--env", "household", "--tokenizer", str(scored / "tok"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    figures = json.loads((out / "inspect.json").read_text())
+    share = {arm: c["largest_share_mean"] for arm, c in figures["concentration"].items()}
+    assert set(figures["concentration"]["deltattg_robust"]) >= {"largest_share_mean", "largest_share_p90",
+                                                                 "share_entropy"}
+    assert share["deltattg_robust"] <= 0.30 < share["deltattg"]
+    precision = figures["precision"]
+    assert precision["deltattg_robust"]["positive_on_progress"] >= precision["grpo"]["positive_on_progress"]
+    assert figures["concentration"]["grpo"]["redistributed"] == 0.0
 
 
 def test_inspect_refuses_inputs_that_differ_and_unknown_methods(scored, tmp_path, capsys):

@@ -138,3 +138,34 @@ def test_score_loss_by_hand():
     outputs = torch.tensor([[0.0, 0.5], [0.0, 0.0]])
     loss = score_loss(outputs, torch.tensor([True, False]), torch.tensor([1.0, 0.0]))
     assert loss.item() == pytest.approx(math.log(2) + 0.0625, rel=1e-6)
+
+
+def test_train_meter_marks_the_turns_left_calibrates_and_the_trainer_checks_the_limit(tmp_path, capsys):
+    from conftest import collect_household
+
+    src = collect_household(tmp_path / "pool.jsonl", ["expert:0.5", "random"], 8, "--max-turns", "6")
+    backbone = tmp_path / "tiny"
+    tiny_meter().save_pretrained(backbone)
+    common = ["--model", str(backbone / "backbone"), "--head-epochs", "1", "--tokenizer", str(backbone / "backbone")]
+    meter = tmp_path / "meter"
+    assert main(["train-meter", str(src), "--out", str(meter), "--calibration-fraction", "0.25", *common]) == 0
+    err = capsys.readouterr().err
+    assert "turns left of a 6-turn limit" in err and "completion temperature" in err and "held-out states" in err
+    config = json.loads((meter / "meter_config.json").read_text())
+    report = json.loads((meter / "train_report.json").read_text())
+    assert config["turn_limit"] == 6 and config["temperature"] == report["calibration"]["temperature"] > 0
+    assert main(["train-meter", str(src), "--out", str(tmp_path / "plain"), "--turn-limit", "none", *common]) == 0
+    assert json.loads((tmp_path / "plain" / "meter_config.json").read_text())["turn_limit"] is None
+    scored = tmp_path / "scored.jsonl"
+    assert main(["score", str(src), "--meter", str(meter), "--out", str(scored), "--no-progress"]) == 0
+    readings = [m for line in scored.read_text().splitlines() for m in json.loads(line)["meter"]]
+    assert all(0 <= m["probability"] <= 1 for m in readings)
+    # A meter trained for 6 turns cannot read 8-turn episodes: the trainer refuses before any rollout.
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--preset", "household-tiny", "--method", "deltattg_robust", "--meter", str(meter),
+              "--set", "rollout.max_turns=8", "--set", "run.steps=1", "--out", str(tmp_path / "run")])
+    assert exited.value.code == 2
+    assert "trained on episodes of 6 turns" in capsys.readouterr().err and not (tmp_path / "run" / "metrics.jsonl").exists()
+    with pytest.raises(SystemExit):  # argparse refuses a fraction that would hold out most of the tasks
+        main(["train-meter", str(src), "--out", str(tmp_path / "x"), "--calibration-fraction", "0.9", *common])

@@ -54,3 +54,23 @@ def test_eval_meter_refuses_records_without_token_counts(tmp_path, capsys):
     assert main(["eval-meter", str(pool), "--meter", "oracle", "--no-progress"]) == 2
     error = capsys.readouterr().err
     assert f"{pool}:1" in error and "step_tokens" in error and "--tokenizer" in error
+
+
+def test_temperature_scaling_recovers_a_known_temperature():
+    """Outcomes drawn with P(success) = σ(z / 2): the fitted temperature is 2 (to sampling error), the ECE of
+    σ(z / T) is small, and a single outcome leaves T = 1."""
+    import numpy as np
+
+    from deltattg.meter.fit import expected_calibration_error, fit_temperature
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 3.0, 20_000)
+    y = rng.random(20_000) < 1 / (1 + np.exp(-z / 2))
+    t = fit_temperature(z.tolist(), y.tolist())
+    assert t == pytest.approx(2.0, rel=0.05)
+    assert expected_calibration_error(1 / (1 + np.exp(-z / t)), y) < 0.02
+    assert expected_calibration_error(1 / (1 + np.exp(-z)), y) > 0.05  # uncalibrated: overconfident
+    assert fit_temperature([1.0, 2.0], [True, True]) == 1.0
+    # ECE by hand: bins [0.0, 0.1) holds p 0.05 with outcome 0, [0.9, 1.0] holds 0.95 and 0.95 with outcomes 1, 0:
+    # |0 − 0.05|·1/3 + |0.5 − 0.95|·2/3 = 0.3167.
+    assert expected_calibration_error([0.05, 0.95, 0.95], [False, True, False]) == pytest.approx(0.31667, abs=1e-4)

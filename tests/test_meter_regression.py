@@ -183,3 +183,31 @@ def test_end_to_end_training_resumes_exactly_after_a_kill(tmp_path):
     resumed = resume_run(str(out))  # picks up checkpoint-3 and finishes the same schedule
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_turns_left_mark_every_state_and_one_pass_stays_exact():
+    rng = random.Random(1)
+    messages = episode(3, 4, rng)
+    blocks = decision_blocks(messages, 2000, turn_limit=6)
+    assert [b.rsplit("### next action", 1)[1] for b in blocks] == [f" (turns left: {6 - t})" for t in range(5)]
+    assert all("turns left" not in b for b in decision_blocks(messages, 2000))  # no limit: the old text exactly
+    meter = tiny_meter()
+    meter.config = RegressionConfig(**{**meter.config.__dict__, "turn_limit": 6})
+    one_pass = meter.score_trajectories([messages])[0]
+    assert [r.logit for r in one_pass] == pytest.approx([r.logit for r in meter.score(prefixes(messages))], abs=1e-4)
+    assert meter.turn_limit == 6
+
+
+def test_readings_carry_the_calibrated_probability():
+    import math
+
+    meter = tiny_meter()
+    messages = episode(2, 2, random.Random(2))
+    plain = meter.score_trajectories([messages])[0]
+    assert all(r.probability == pytest.approx(1 / (1 + math.exp(-r.logit))) for r in plain)
+    meter.set_temperature(4.0)
+    scaled = meter.score_trajectories([messages])[0]
+    assert all(r.probability == pytest.approx(1 / (1 + math.exp(-r.logit / 4.0))) for r in scaled)
+    assert [r.can_complete for r in scaled] == [r.logit > 0 for r in scaled]  # a temperature never moves b̂
+    with pytest.raises(ValueError, match="temperature"):
+        meter.set_temperature(0.0)

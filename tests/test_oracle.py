@@ -142,6 +142,31 @@ def test_noise_and_flips_are_seeded_per_state(tmp_path, tokenizer_dir):
         OracleConfig(noise=float("nan"))
 
 
+def test_the_outcome_conditioned_errors_hit_only_their_side(tmp_path, tokenizer_dir):
+    """false_negative reads b̂ = 0 only on successful trajectories' states; missed_failure reads b̂ = 1 only on failed
+    trajectories' states the planner knows lost; neither touches v̂ or the other side; a partial rate is seeded."""
+    tokenizer = word_tokenizer(vocabulary(CONFIG))
+    make_env = lambda: HouseholdEnv(CONFIG)  # noqa: E731
+    trajectories = run_episodes(make_env, make_env().tasks("train")[:40], NoisyExpertPolicy(0.5, seed=3), max_turns=8)
+    outcomes = [t.success for t in trajectories]
+    assert 0 < sum(outcomes) < len(outcomes)
+    exact, _ = read_states(OracleMeter(tokenizer), trajectories)
+    alarms, _ = read_states(OracleMeter(tokenizer, OracleConfig(false_negative=1.0)), trajectories)
+    misses, _ = read_states(OracleMeter(tokenizer, OracleConfig(missed_failure=1.0)), trajectories)
+    for won, row_e, row_a, row_m in zip(outcomes, exact, alarms, misses):
+        for e, a, m in zip(row_e, row_a, row_m):
+            assert a.tokens_to_go == m.tokens_to_go == e.tokens_to_go
+            assert a.can_complete == (False if won else e.can_complete)
+            assert m.can_complete == (e.can_complete if won else True)
+    lost = sum(not e.can_complete for won, row in zip(outcomes, exact) if not won for e in row)
+    assert lost > 20  # failed trajectories do pass through states the planner knows lost
+    half, _ = read_states(OracleMeter(tokenizer, OracleConfig(missed_failure=0.5, seed=1)), trajectories)
+    missed = sum(h.can_complete and not e.can_complete for row_e, row_h in zip(exact, half) for e, h in zip(row_e, row_h))
+    assert missed / lost == pytest.approx(0.5, abs=0.2)
+    with pytest.raises(ValueError, match="false negative"):
+        OracleConfig(false_negative=-0.1)
+
+
 def test_records_that_do_not_replay_are_refused_with_file_and_line(tmp_path, tokenizer_dir, capsys):
     pool = collect(tmp_path, "expert:0.3", 4)
     records = read_jsonl(pool)

@@ -274,7 +274,7 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
         print(f"marking each decision state with the turns left of a {limit}-turn limit", file=sys.stderr)
     heldout: list = []
     if args.calibration_fraction:
-        from deltattg.demo.pipeline import split_by_task
+        from deltattg.data.sources import split_by_task
 
         items, heldout = split_by_task(items, args.calibration_fraction, args.seed)
         if not items or not heldout:
@@ -319,10 +319,13 @@ def _meter(args: argparse.Namespace):
     from deltattg.meter.loading import load_meter
     from deltattg.meter.oracle import ORACLE, OracleConfig
 
-    if args.meter != ORACLE and (args.oracle_noise or args.oracle_flip):
-        raise UsageError("--oracle-noise and --oracle-flip dial the oracle meter: use them with --meter oracle")
+    dials = (args.oracle_noise, args.oracle_flip, args.oracle_false_negative, args.oracle_missed_failure)
+    if args.meter != ORACLE and any(dials):
+        raise UsageError("--oracle-noise, --oracle-flip, --oracle-false-negative and --oracle-missed-failure dial the "
+                         "oracle meter: use them with --meter oracle")
     try:
-        oracle = OracleConfig(noise=args.oracle_noise, flip=args.oracle_flip, seed=args.oracle_seed)
+        oracle = OracleConfig(noise=args.oracle_noise, flip=args.oracle_flip, seed=args.oracle_seed,
+                              false_negative=args.oracle_false_negative, missed_failure=args.oracle_missed_failure)
         if args.meter == ORACLE and getattr(args, "tokenizer", None) is None:
             raise ValueError("--meter oracle counts Token-to-Go with --tokenizer NAME_OR_PATH (the one `labels` uses)")
         return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache,
@@ -766,6 +769,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--meter oracle: multiply each tokens_to_go by exp(SIGMA*z), z ~ N(0,1) (default 0)")
         p.add_argument("--oracle-flip", type=probability, default=0.0, metavar="P",
                        help="--meter oracle: flip each can_complete with probability P (default 0)")
+        p.add_argument("--oracle-false-negative", type=probability, default=0.0, metavar="P",
+                       help="--meter oracle: read can_complete false on a state of a successful trajectory with "
+                       "probability P (a learned meter's false alarm; default 0)")
+        p.add_argument("--oracle-missed-failure", type=probability, default=0.0, metavar="P",
+                       help="--meter oracle: read can_complete true on a state of a failed trajectory that cannot be "
+                       "completed in the turns left, with probability P (a time-out the meter misses; default 0)")
         p.add_argument("--oracle-seed", type=seed_int, default=0, help="--meter oracle: seed of the noise and flips")
         p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 

@@ -97,23 +97,24 @@ class Concentration:
 
 
 def credit_concentration(records: Sequence[dict]) -> Concentration:
-    """:class:`Concentration` of credit records (``assign_credit``'s: ``step_advantages``, ``step_tokens``)."""
+    """:class:`Concentration` of credit records (``assign_credit``'s: ``step_advantages``, ``step_tokens``), by
+    :func:`deltattg.credit.batch.credit_shares`."""
     import numpy as np
+    import torch
 
-    largest, entropy, moved = [], [], []
-    for record in records:
-        tokens = np.asarray(record["step_tokens"], dtype=float)
-        mass = np.abs(np.asarray(record["step_advantages"], dtype=float)) * tokens
-        if mass.sum() <= 0 or tokens.sum() <= 0:
-            continue
-        share = mass / mass.sum()
-        largest.append(share.max())
-        entropy.append(float(-(share[share > 0] * np.log(share[share > 0])).sum()))
-        moved.append(0.5 * float(np.abs(share - tokens / tokens.sum()).sum()))
-    if not largest:
+    from deltattg.credit.batch import credit_shares
+    from deltattg.credit.layouts import pad_steps
+
+    if not records:
         return Concentration(*[float("nan")] * 4, 0)  # type: ignore[arg-type]
-    return Concentration(float(np.mean(largest)), float(np.percentile(largest, 90)), float(np.mean(entropy)),
-                         float(np.mean(moved)), len(largest))  # fmt: skip
+    advantages, _ = pad_steps([r["step_advantages"] for r in records], torch.float64)
+    tokens, _ = pad_steps([r["step_tokens"] for r in records])
+    largest, entropy, moved, credited = (x.numpy() for x in credit_shares(advantages, tokens))
+    if not credited.any():
+        return Concentration(*[float("nan")] * 4, 0)  # type: ignore[arg-type]
+    largest = largest[credited]
+    return Concentration(float(largest.mean()), float(np.percentile(largest, 90)), float(entropy[credited].mean()),
+                         float(moved[credited].mean()), int(credited.sum()))  # fmt: skip
 
 
 @dataclass
@@ -195,26 +196,33 @@ def percent(value: float) -> str:
     return "-" if value != value else f"{100 * value:.1f}"
 
 
+def arm_table(result: Inspection, header: Sequence[str], cells: Any) -> str:
+    """A markdown table with one row per arm: its label, method and ``cells(label)``."""
+    lines = ["| " + " | ".join(["arm", "method", *header]) + " |", "|" + "---|" * (len(header) + 2)]
+    lines += [f"| {label} | {result.methods[label]} | " + " | ".join(cells(label)) + " |" for label in result.arms]
+    return "\n".join(lines)
+
+
 def precision_table(result: Inspection) -> str:
     """The markdown precision table (one row per arm)."""
-    lines = ["| arm | method | positive credit on progress steps % | negative credit on neutral + regress steps % "
-             "| trajectories A > 0 / A < 0 |", "|---|---|---|---|---|"]  # fmt: skip
-    for label in result.arms:
+    def cells(label: str) -> list[str]:
         p = result.precision[label]
-        lines.append(f"| {label} | {result.methods[label]} | {percent(p.positive_on_progress)} | "
-                     f"{percent(p.negative_off_progress)} | {p.positive_trajectories} / {p.negative_trajectories} |")  # fmt: skip
-    return "\n".join(lines)
+        return [percent(p.positive_on_progress), percent(p.negative_off_progress),
+                f"{p.positive_trajectories} / {p.negative_trajectories}"]
+
+    return arm_table(result, ("positive credit on progress steps %", "negative credit on neutral + regress steps %",
+                              "trajectories A > 0 / A < 0"), cells)  # fmt: skip
 
 
 def concentration_table(result: Inspection) -> str:
     """The markdown concentration table (one row per arm; :class:`Concentration`)."""
-    lines = ["| arm | method | largest step share, mean | largest step share, p90 | share entropy (nats) "
-             "| credit moved from GRPO's places % | trajectories |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for label in result.arms:
+    def cells(label: str) -> list[str]:
         c = result.concentration[label]
-        lines.append(f"| {label} | {result.methods[label]} | {c.largest_share_mean:.3f} | {c.largest_share_p90:.3f} | "
-                     f"{c.share_entropy:.3f} | {percent(c.redistributed)} | {c.trajectories} |")  # fmt: skip
-    return "\n".join(lines)
+        return [f"{c.largest_share_mean:.3f}", f"{c.largest_share_p90:.3f}", f"{c.share_entropy:.3f}",
+                percent(c.redistributed), str(c.trajectories)]
+
+    return arm_table(result, ("largest step share, mean", "largest step share, p90", "share entropy (nats)",
+                              "credit moved from GRPO's places %", "trajectories"), cells)  # fmt: skip
 
 
 def plot_credit(result: Inspection, shown: Sequence[int], path: Path) -> None:

@@ -195,3 +195,19 @@ class Credit:
     def fallback_counts(self) -> dict[str, int]:
         """How many trajectories each Algorithm 1 rule applied to (``credit/redistributed``, ``credit/zero_mass``, ...)."""
         return {f"credit/{f.name.lower()}": int((self.fallback == f).sum()) for f in Fallback}
+
+
+def credit_shares(step_advantages: Tensor, step_tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """How a trajectory's credit is spread over its steps, for every trajectory at once (``[n, S]`` inputs, 0 at
+    padding): a step's share is |Ã_t|·n_t / Σ_s |Ã_s|·n_s. Returns, per trajectory, the largest share, the entropy
+    (nats) of the shares, the total-variation distance ½·Σ_t |share_t − n_t/N| to the token shares (GRPO's: how much
+    credit moved from where GRPO puts it), and which trajectories have any credit (the others' values are 0)."""
+    tokens = step_tokens.double()
+    mass = step_advantages.double().abs() * tokens
+    total = mass.sum(dim=1, keepdim=True)
+    credited = (total.squeeze(1) > 0) & (tokens.sum(dim=1) > 0)
+    share = torch.where(credited[:, None], mass / total.clamp(min=1e-300), torch.zeros_like(mass))
+    entropy = -torch.where(share > 0, share * share.clamp(min=1e-300).log(), torch.zeros_like(share)).sum(dim=1)
+    token_share = tokens / tokens.sum(dim=1, keepdim=True).clamp(min=1)
+    moved = torch.where(credited, 0.5 * (share - token_share).abs().sum(dim=1), torch.zeros_like(entropy))
+    return share.max(dim=1).values if share.numel() else share.sum(dim=1), entropy, moved, credited

@@ -201,7 +201,7 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
         auc, trust = robust.batch_trust(robust.completion_probability(meter), queried & meter.valid, batch.success,
                                         batch.group)
         weights = robust.trusted_weights(weights, trust, step_mask)
-        metrics = {"credit/auc": auc, "credit/trust": trust}
+        metrics = {"trust/auc": auc, "trust/tau": trust}
 
     keep = (advantage == 0) | invalid_group | all_unsuccessful
     weights = torch.where(keep[:, None], torch.ones_like(weights), weights) * step_mask

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from deltattg.data.jsonl import iter_jsonl
 from deltattg.data.trajectory import Trajectory, assistant_indices, parse_trajectory
 from deltattg.errors import InputError
+
+T = TypeVar("T")
 
 
 def is_agentprocessbench(record: dict) -> bool:
@@ -127,3 +132,15 @@ def load_split(path: str | os.PathLike, subset: str) -> set[str]:
 
 __all__ = ["Located", "TrajectoryFile", "assistant_indices", "from_agentprocessbench", "load_split", "read_trajectories",
            "read_trajectory_file"]
+
+
+def split_by_task(items: Sequence[T], heldout_fraction: float, seed: int) -> tuple[list[T], list[T]]:
+    """(kept, held out): a random ``heldout_fraction`` of the tasks (groups), with all their trajectories, held out.
+    ``items`` are trajectories or ``Located`` records."""
+    def group(item: Any) -> str:
+        return (item.trajectory if isinstance(item, Located) else item).group
+
+    groups = sorted({group(item) for item in items})
+    random.Random(seed).shuffle(groups)
+    heldout = set(groups[: round(heldout_fraction * len(groups))])
+    return [i for i in items if group(i) not in heldout], [i for i in items if group(i) in heldout]

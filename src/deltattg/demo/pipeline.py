@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import random
 import shutil
 import sys
 import time
@@ -30,7 +29,7 @@ from deltattg.credit.deltattg import RECOMMENDED
 from deltattg.inspection import CreditArm, Inspection, inspect_credit
 from deltattg.meter.oracle import OracleMeter
 from deltattg.data.jsonl import write_jsonl
-from deltattg.data.sources import Located
+from deltattg.data.sources import Located, split_by_task
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import MeterOutput, Trajectory
 from deltattg.demo.config import ACTOR_IN_POOL, DemoConfig
@@ -164,14 +163,6 @@ def collect_pool(config: DemoConfig, world: World, actor: BaseActor) -> list[Tra
     return pool
 
 
-def split_by_task(trajectories: Sequence[Trajectory], heldout_fraction: float, seed: int) -> tuple[list, list]:
-    """(train, held out): a random ``heldout_fraction`` of the tasks, with all their trajectories, is held out."""
-    groups = sorted({t.group for t in trajectories})
-    random.Random(seed).shuffle(groups)
-    heldout = set(groups[: round(heldout_fraction * len(groups))])
-    return [t for t in trajectories if t.group not in heldout], [t for t in trajectories if t.group in heldout]
-
-
 def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, float, float]]:
     """Per policy: (episodes, success rate, mean steps)."""
     out = {}
@@ -237,13 +228,17 @@ class Arm:
     """One RL run of a comparison: an estimator, its credit settings and the meter it reads. Spec
     ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@oracle`` (the household
     planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
-    p), ``pos@oracle``, ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields), ..."""
+    p), ``deltattg@oracle:SIGMA:P:FN:MF`` (and b̂ = 0 on successes' states with probability FN, b̂ = 1 on failures'
+    uncompletable states with probability MF: ``meter.oracle``), ``pos@oracle``,
+    ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields), ..."""
 
     method: str
     meter: str | None = None  # None (the method reads none), "learned" or "oracle"
     noise: float = 0.0
     flip: float = 0.0
     options: tuple[tuple[str, str], ...] = ()  # credit settings (CreditConfig field, value as written)
+    false_negative: float = 0.0
+    missed_failure: float = 0.0
 
     @classmethod
     def parse(cls, spec: str) -> Arm:
@@ -258,17 +253,18 @@ class Arm:
                 raise ValueError(f"arm {spec!r}: {method} is not a method (or reads no meter)")
             return cls(method, options=options)
         kind, *dials = meter.split(":") if meter else ["learned"]
-        if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) != 2)):
-            raise ValueError(f"arm {spec!r}: the meter is learned, oracle or oracle:SIGMA:P")
-        noise, flip = (float(d) for d in dials) if dials else (0.0, 0.0)
-        return cls(method, kind, noise, flip, options)
+        if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
+            raise ValueError(f"arm {spec!r}: the meter is learned, oracle, oracle:SIGMA:P or oracle:SIGMA:P:FN:MF")
+        noise, flip, false_negative, missed_failure = (*(float(d) for d in dials), 0.0, 0.0, 0.0, 0.0)[:4]
+        return cls(method, kind, noise, flip, options, false_negative, missed_failure)
 
     @property
     def name(self) -> str:
         settings = f"[{','.join(f'{k}={v}' for k, v in self.options)}]" if self.options else ""
         if self.meter is None or (self.meter == "learned"):
             return self.method + settings
-        dials = f":{self.noise:g}:{self.flip:g}" if self.noise or self.flip else ""
+        errors = f":{self.false_negative:g}:{self.missed_failure:g}" if self.false_negative or self.missed_failure else ""
+        dials = f":{self.noise:g}:{self.flip:g}{errors}" if self.noise or self.flip or errors else ""
         return f"{self.method}{settings}@{self.meter}{dials}"
 
     @property
@@ -283,6 +279,9 @@ class Arm:
             out.append(f"meter.path={meter_dir}")
         elif self.meter == "oracle":
             out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
+            if self.false_negative or self.missed_failure:
+                out += [f"meter.oracle_false_negative={self.false_negative}",
+                        f"meter.oracle_missed_failure={self.missed_failure}"]
         return out
 
 

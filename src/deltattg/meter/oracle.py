@@ -10,7 +10,10 @@ reads
 
 Two dials turn it down toward a learned meter, both seeded per state (a reading never depends on batching or order):
 ``noise`` σ multiplies v̂ by exp(σ·z), z ~ N(0, 1) (log-normal), and ``flip`` p flips b̂ with probability p (v̂ is
-the expert's path length in tokens either way, so a flip to "completable" has a value to read).
+the expert's path length in tokens either way, so a flip to "completable" has a value to read). Two more imitate a
+learned meter's two kinds of b̂ error, and read the trajectory's outcome to do so: ``false_negative`` p reads b̂ = 0
+on a state of a *successful* trajectory with probability p, ``missed_failure`` p reads b̂ = 1 on a state of a
+*failed* trajectory the planner knows cannot be completed in the turns left (a time-out the meter does not see).
 
 It reads whole trajectories (their provenance, not just their messages), so it offers ``score_records`` rather than
 prefix-by-prefix ``score``; ``meter.loading.read_states`` dispatches to it.
@@ -36,17 +39,21 @@ MAX_NOISE = 10.0  # σ: exp(10 z) already spans many orders of magnitude
 
 @dataclass(frozen=True)
 class OracleConfig:
-    """``noise``: σ of the log-normal factor on v̂; ``flip``: probability of flipping b̂; ``seed`` of both."""
+    """``noise``: σ of the log-normal factor on v̂; ``flip``: probability of flipping b̂; ``false_negative`` and
+    ``missed_failure``: probabilities of the two outcome-conditioned b̂ errors (module doc); ``seed`` of all."""
 
     noise: float = 0.0
     flip: float = 0.0
     seed: int = 0
+    false_negative: float = 0.0
+    missed_failure: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise) and 0 <= self.noise <= MAX_NOISE):
             raise ValueError(f"oracle noise must be a σ in [0, {MAX_NOISE:g}], got {self.noise}")
-        if not 0.0 <= self.flip <= 1.0:
-            raise ValueError(f"oracle flip probability must be in [0, 1], got {self.flip}")
+        for name in ("flip", "false_negative", "missed_failure"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"oracle {name.replace('_', ' ')} probability must be in [0, 1], got {getattr(self, name)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"oracle seed must be an integer in [0, 2^32), got {self.seed!r}")
 
@@ -56,10 +63,15 @@ def exact_reading(distance: int, turns_left: int, tokens_to_go: int) -> MeterOut
     return MeterOutput(can_complete=distance <= turns_left, tokens_to_go=float(tokens_to_go))
 
 
-def degraded(reading: MeterOutput, config: OracleConfig, rng: np.random.Generator) -> MeterOutput:
-    """The reading with b̂ flipped with probability ``flip`` and v̂ scaled by exp(σ·z) (z standard normal)."""
-    flip, z = rng.random(), rng.standard_normal()  # both drawn always: one dial never shifts the other's draws
+def degraded(reading: MeterOutput, config: OracleConfig, rng: np.random.Generator, success: bool) -> MeterOutput:
+    """The reading with b̂ flipped with probability ``flip``, v̂ scaled by exp(σ·z) (z standard normal), and the
+    outcome-conditioned errors of a state of a trajectory that ended with ``success`` (module doc)."""
+    flip, z, u = rng.random(), rng.standard_normal(), rng.random()  # all drawn always: a dial never shifts another's
     can = (not reading.can_complete) if flip < config.flip else reading.can_complete
+    if success and u < config.false_negative:
+        can = False
+    elif not success and not reading.can_complete and u < config.missed_failure:
+        can = True
     value = min((reading.tokens_to_go or 0.0) * math.exp(min(config.noise * z, 50.0)), MAX_TOKENS_TO_GO)
     return MeterOutput(can_complete=can, tokens_to_go=value)
 
@@ -77,7 +89,13 @@ class OracleMeter:
     def meter_id(self) -> str:
         c = self.config
         name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
-        return f"{ORACLE}/household/noise={c.noise:g}/flip={c.flip:g}/seed={c.seed}/tokenizer={name}"
+        errors = f"/false-negative={c.false_negative:g}/missed-failure={c.missed_failure:g}" if self.errs else ""
+        return f"{ORACLE}/household/noise={c.noise:g}/flip={c.flip:g}{errors}/seed={c.seed}/tokenizer={name}"
+
+    @property
+    def errs(self) -> bool:
+        c = self.config
+        return bool(c.noise or c.flip or c.false_negative or c.missed_failure)
 
     def action_tokens(self, action: str) -> int:
         """n of one action: its assistant turn rendered by the chat template (``data.tokens.count_step_tokens``)."""
@@ -97,9 +115,10 @@ class OracleMeter:
         for t in range(count):
             path = self._paths(replayed.world, replayed.states[t])
             reading = exact_reading(distances[t], replayed.max_turns - t, sum(map(self.action_tokens, path)))
-            if self.config.noise or self.config.flip:
+            if self.errs:
                 key = int(prefix_hash(messages[: cuts[t]])[:15], 16)
-                reading = degraded(reading, self.config, np.random.default_rng([self.config.seed, key, t]))
+                rng = np.random.default_rng([self.config.seed, key, t])
+                reading = degraded(reading, self.config, rng, trajectory.success)
             out.append(reading)
         return out
 

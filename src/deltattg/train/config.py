@@ -117,12 +117,15 @@ class MeterConfig:
     oracle_noise: float = 0.0
     oracle_flip: float = 0.0
     oracle_seed: int = 0
+    oracle_false_negative: float = 0.0  # b̂ = 0 on states of successful trajectories, with this probability
+    oracle_missed_failure: float = 0.0  # b̂ = 1 on uncompletable states of failed trajectories, with this probability
 
     def oracle(self) -> Any:
         """The ``OracleConfig`` of these settings."""
         from deltattg.meter.oracle import OracleConfig
 
-        return OracleConfig(noise=self.oracle_noise, flip=self.oracle_flip, seed=self.oracle_seed)
+        return OracleConfig(noise=self.oracle_noise, flip=self.oracle_flip, seed=self.oracle_seed,
+                            false_negative=self.oracle_false_negative, missed_failure=self.oracle_missed_failure)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from deltattg.credit import Credit, CreditConfig, Estimator, get_estimator
+from deltattg.credit import Credit, CreditConfig, Estimator, StepBatch, get_estimator
+from deltattg.credit.batch import credit_shares
 from deltattg.credit.grpo import outcome_advantage
 from deltattg.credit.layouts import meter_readings
 from deltattg.credit.records import trajectory_batch
@@ -135,6 +136,15 @@ def shuffled_by_prompt(rows: Sequence[Row]) -> list[int]:
 
 
 # ---- credit ------------------------------------------------------------------------------------------------------------
+def concentration_metrics(credit: Credit, steps: StepBatch) -> dict[str, float]:
+    """Means over the credited trajectories of the step, :func:`deltattg.credit.batch.credit_shares`: the largest
+    step's share of a trajectory's credit and how much of it moved from GRPO's token shares."""
+    largest, _, moved, credited = credit_shares(credit.step_advantages, steps.step_tokens)
+    if not credited.any():
+        return {}
+    return {"spread/largest_share": float(largest[credited].mean()), "spread/moved": float(moved[credited].mean())}
+
+
 def row_advantages(credit: Credit, rows: Sequence[Row]) -> Tensor:
     """Ã_{i,t} of the step each row holds (every response token of the row gets it, Eq. 11)."""
     return credit.step_advantages[[r.traj for r in rows], [r.step for r in rows]]
@@ -384,7 +394,7 @@ def train(
             advantages = row_advantages(credit, rows)
             clip_scales = row_clip_scales(credit, rows)  # A²TGPO's per-step clip factors; None for the others
         record |= clip_scale_metrics(clip_scales) | verified_metrics(steps)
-        record |= credit.fallback_counts() | credit.metrics | {
+        record |= credit.fallback_counts() | credit.metrics | concentration_metrics(credit, steps) | {
             "train/rows": len(rows),
             "train/response_tokens": sum(len(r.response) for r in rows),
             "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
