@@ -9,6 +9,10 @@ for ``--steps`` steps (same tasks in the same order, batch, group size, learning
     deltattg                  DeltaTTG with the learned regression meter
     deltattg@oracle           DeltaTTG with the household planner as the meter (what a perfect meter buys)
     deltattg@oracle:0.5:0.1   the oracle with log-normal noise σ = 0.5 on v̂ and b̂ flipped with probability 0.1
+    deltattg@oracle:0:0:FN:MF the oracle with a learned meter's b̂ errors: false b̂ = 0 on successes, missed b̂ = 0
+                              on failures, with these probabilities
+    deltattg_robust@ensemble:3  the pessimistic ensemble of 3 learned meters (other model seeds, same pool)
+    deltattg_robust[smooth=1] credit settings (CreditConfig fields) of an arm
     pos@oracle, rho0, ...     the E.4 ablations, with either meter
 
 Outputs under ``--out``: ``seed-N/`` (actor, pool, meter, one folder per arm with its ``metrics.jsonl``) and
@@ -87,31 +91,45 @@ def seed_config(args: argparse.Namespace, seed: int) -> DemoConfig:
     return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
-def prepare_seed(config: DemoConfig, folder: Path, learned: bool, allow_mixed: bool = False) -> None:
-    """The seed's base actor and, when an arm reads it, its pool and learned meter (kept if already there and made by
-    the current code revision, or by any with ``allow_mixed``), and the trainer settings every arm shares
+def prepare_seed(config: DemoConfig, folder: Path, meters: int, allow_mixed: bool = False) -> None:
+    """The seed's base actor and, when arms read them, its pool and ``meters`` learned meters — ``meter`` and, for
+    an ensemble, ``meter-1`` … from other model seeds on the same pool — kept if already there and made by the
+    current code revision (or by any with ``allow_mixed``), and the trainer settings every arm shares
     (``train.yaml``)."""
     world = build_world(config)
     made_by = (read_stamp(folder) or {}).get("code") if (folder / "actor").exists() else code_revision()
     if made_by != code_revision() and not allow_mixed:
-        print(f"[bench] {folder}: its actor and meter were made by code revision {made_by}; making them again",
+        print(f"[bench] {folder}: its actor and meters were made by code revision {made_by}; making them again",
               file=sys.stderr, flush=True)  # fmt: skip
-        for stale in ("actor", "meter"):
+        for stale in ("actor", *(meter_folder(k) for k in range(64))):
             shutil.rmtree(folder / stale, ignore_errors=True)
         made_by = code_revision()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STAMP).write_text(json.dumps({"code": made_by}, indent=2) + "\n")
     if not (folder / "actor" / "config.json").is_file():
         base_actor(config, world, folder / "actor")
-    if learned and not (folder / "meter" / "meter_config.json").is_file():
+    missing = [k for k in range(meters) if not (folder / meter_folder(k) / "meter_config.json").is_file()]
+    if missing:
         from deltattg.hf import load_tokenizer
 
         actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
         pool = collect_pool(config, world, actor)
         train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
-        train_meter(config, train_pool, actor.tokenizer, folder / "meter", heldout_pool)
+        for k in missing:  # member k's backbone and shuffles from seed + 1000·k, on the same pool
+            train_meter(config.replace(seed=config.seed + 1000 * k), train_pool, actor.tokenizer,
+                        folder / meter_folder(k), heldout_pool)  # fmt: skip
     settings = trainer_settings(config, str(folder / "actor"), world.prompt.layout)
     (folder / "train.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+
+
+def meter_folder(k: int) -> str:
+    """The folder of a seed's k-th learned meter: ``meter``, ``meter-1``, ..."""
+    return "meter" if k == 0 else f"meter-{k}"
+
+
+def learned_meters(arms: Sequence[Arm]) -> int:
+    """How many learned meters the arms read at most (0: none)."""
+    return max([arm.members for arm in arms if arm.meter == "learned"], default=0)
 
 
 STAMP = "bench.json"
@@ -143,11 +161,11 @@ def current_stamp(folder: Path, arm: Arm) -> dict:
             "shared_config_sha256": shared_settings_hash(folder), "arm": arm.name}  # fmt: skip
 
 
-def prepare(args: argparse.Namespace, seed: int, learned: bool) -> str:
+def prepare(args: argparse.Namespace, seed: int, meters: int) -> str:
     """One seed's base actor, pool and meter (in its own process: one torch thread)."""
     start = time.perf_counter()
     with process_settings(1):
-        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", learned, args.allow_mixed)
+        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", meters, args.allow_mixed)
     return f"[bench] seed {seed} prepared: {time.perf_counter() - start:.0f} s"
 
 
@@ -173,11 +191,11 @@ def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
     """Every seed's preparation, then every (seed, arm) run, ``--jobs`` processes at a time."""
     import multiprocessing
 
-    learned = any(a.meter == "learned" for a in arms)
+    meters = learned_meters(arms)
     units = [(seed, arm) for seed in args.seeds for arm in arms]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max(args.jobs, 1), mp_context=context) as pool:
-        for line in pool.map(prepare, [args] * len(args.seeds), args.seeds, [learned] * len(args.seeds)):
+        for line in pool.map(prepare, [args] * len(args.seeds), args.seeds, [meters] * len(args.seeds)):
             print(line, flush=True)
         for line in pool.map(run_arm, [args] * len(units), *zip(*units)):
             print(line, flush=True)
@@ -329,7 +347,7 @@ NEW_STEP = ("optim.recompute_old_logprobs=false", "run.share_prompts=true")
 
 
 def interleaved_step_times(args: argparse.Namespace, variants: dict[str, Sequence[str]], steps: int,
-                           learned: bool) -> dict:
+                           meters: int) -> dict:
     """Median training-step time per training row of each variant (trainer overrides), N steps each from one seed's
     actor, run in rounds that alternate the order (a b c, c b a) in one process, so load drifts hit all alike."""
     seed = args.seeds[0]
@@ -337,7 +355,7 @@ def interleaved_step_times(args: argparse.Namespace, variants: dict[str, Sequenc
     folder = args.out / f"seed-{seed}"
     times: dict[str, list[float]] = {name: [] for name in variants}
     with process_settings(1):
-        prepare_seed(config, folder, learned=learned)
+        prepare_seed(config, folder, meters)
         for k, name in enumerate([*variants, *reversed(variants)]):
             overrides = [f"run.out={args.out / 'speed' / f'{name}-{k}'}", "run.progress=false", f"run.steps={steps}",
                          "run.save_every=0", "eval.every=0", *variants[name]]  # fmt: skip
@@ -350,7 +368,7 @@ def speed(args: argparse.Namespace) -> str:
     """Median training-step time of the old and the new step, interleaved old-new-new-old (module doc)."""
     grpo = ("algo.method=grpo",)
     variants = {"old": (*grpo, *OLD_STEP), "new": (*grpo, *NEW_STEP)}
-    times = interleaved_step_times(args, variants, args.speed, learned=False)
+    times = interleaved_step_times(args, variants, args.speed, meters=0)
     old, new = times["old"], times["new"]
     return (f"median step time per training row over {2 * args.speed} steps each (seed {args.seeds[0]}, one thread): "
             f"old {1000 * old:.2f} ms, new {1000 * new:.2f} ms; new ÷ old = {new / old:.3f} ({old / new:.2f}x faster)")
@@ -360,7 +378,7 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     """Each arm's step time ÷ GRPO's, N steps each, interleaved (``--overhead N``)."""
     folder = args.out / f"seed-{args.seeds[0]}"
     variants = {arm.name: tuple(arm.overrides(folder / "meter")) for arm in arms}
-    times = interleaved_step_times(args, variants, args.overhead, learned=any(a.meter == "learned" for a in arms))
+    times = interleaved_step_times(args, variants, args.overhead, meters=learned_meters(arms))
     base = times[arms[0].name]
     lines = [f"median step time per training row over {2 * args.overhead} steps each (seed {args.seeds[0]}, one "
              f"thread), ÷ {arms[0].name}'s:"]
@@ -381,7 +399,7 @@ def meter_fit_report(args: argparse.Namespace) -> str:
     with process_settings(1):
         for seed in args.seeds:
             config, folder = seed_config(args, seed), args.out / f"seed-{seed}"
-            prepare_seed(config, folder, learned=True, allow_mixed=args.allow_mixed)
+            prepare_seed(config, folder, 1, allow_mixed=args.allow_mixed)
             world = build_world(config)
             actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
             train_pool, heldout = split_by_task(collect_pool(config, world, actor), config.heldout_fraction, seed)

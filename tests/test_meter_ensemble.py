@@ -164,3 +164,33 @@ def test_train_meter_ensemble_and_layer_options(tmp_path, capsys):
         main(["eval-steps", "--meter", str(folder), "--data", str(src), "--no-progress"])
     assert exited.value.code == 2
     assert "meter_config.json: layer: must be null or a decoder layer" in capsys.readouterr().err
+
+
+def test_a_pessimistic_ensemble_of_meters_by_hand(tmp_path):
+    from deltattg.data.trajectory import MeterOutput
+    from deltattg.meter.ensemble import MeterEnsemble, pessimistic_reading
+    from deltattg.meter.loading import load_meter, read_states
+
+    # p̃ 0.9, 0.5 and b̂ = 1 (no probability: 1.0): mean 0.8, population std sqrt((0.01 + 0.09 + 0.04) / 3) = 0.2160
+    # -> p̃ = 0.5840, b̂ = 1; v̂ = the mean of 10, 20 (the third gives none).
+    combined = pessimistic_reading([MeterOutput(True, 10.0, probability=0.9), MeterOutput(False, 20.0, probability=0.5),
+                                    MeterOutput(True, None)])  # fmt: skip
+    assert combined.probability == pytest.approx(0.8 - (0.14 / 3) ** 0.5) and combined.can_complete
+    assert combined.tokens_to_go == pytest.approx(15.0)
+    assert pessimistic_reading([MeterOutput(True, 10.0, probability=0.9), None]) is None  # no guessing for a member
+    assert pessimistic_reading([MeterOutput(True, 1.0, probability=0.9)] * 2).probability == pytest.approx(0.9)
+    # Two tiny regression meters of different seeds, loaded as "a,b": every state is their pessimistic combination.
+    for seed in (0, 1):
+        tiny_meter(seed=seed).save_pretrained(tmp_path / f"m{seed}")
+    ensemble = load_meter(f"{tmp_path / 'm0'},{tmp_path / 'm1'}")
+    assert isinstance(ensemble, MeterEnsemble) and "ensemble(" in ensemble.meter_id
+    from deltattg.data.trajectory import Trajectory
+
+    trajectory = Trajectory("t", "g", 1.0, True, messages=episode(2, 3, random.Random(0)), step_tokens=[1, 1, 1])
+    together, _ = read_states(ensemble, [trajectory])
+    alone = [read_states(load_meter(tmp_path / f"m{seed}"), [trajectory])[0][0] for seed in (0, 1)]
+    assert together[0] == [pessimistic_reading(list(pair)) for pair in zip(*alone)]
+    first_state = trajectory.messages[:2]  # h_0: prefix by prefix, the same reading as in one pass
+    assert ensemble.score([first_state])[0].probability == pytest.approx(together[0][0].probability, abs=1e-5)
+    with pytest.raises(ValueError, match="at least two"):
+        MeterEnsemble([load_meter(tmp_path / "m0")])

@@ -758,8 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
     def add_meter_source(p: argparse.ArgumentParser) -> None:
         p.add_argument("--meter", required=True, help="a trained meter folder, a model spec (untrained generative "
                        "meter), an OpenAI-compatible endpoint URL (vLLM / SGLang: http://HOST:8000/v1; /v1 is added "
-                       "when missing) or 'oracle' (household rollouts only: the planner's exact reading of each "
-                       "state, tokens counted with --tokenizer)")
+                       "when missing), 'oracle' (household rollouts only: the planner's exact reading of each "
+                       "state, tokens counted with --tokenizer), or several folders joined by commas (a pessimistic "
+                       "ensemble: p̃ = mean − spread of theirs)")
         p.add_argument("--meter-model", help="with an endpoint URL: the served model's name")
         p.add_argument("--meter-timeout", type=positive_float, default=60.0, metavar="SECONDS",
                        help="with an endpoint URL: the most one reading may take, retries and slow answers included; "

@@ -239,6 +239,7 @@ class Arm:
     options: tuple[tuple[str, str], ...] = ()  # credit settings (CreditConfig field, value as written)
     false_negative: float = 0.0
     missed_failure: float = 0.0
+    members: int = 1  # learned meters read together (``ensemble:N``: a pessimistic ensemble of N)
 
     @classmethod
     def parse(cls, spec: str) -> Arm:
@@ -253,14 +254,19 @@ class Arm:
                 raise ValueError(f"arm {spec!r}: {method} is not a method (or reads no meter)")
             return cls(method, options=options)
         kind, *dials = meter.split(":") if meter else ["learned"]
+        if kind == "ensemble" and len(dials) == 1 and dials[0].isdigit() and int(dials[0]) >= 2:
+            return cls(method, "learned", options=options, members=int(dials[0]))
         if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
-            raise ValueError(f"arm {spec!r}: the meter is learned, oracle, oracle:SIGMA:P or oracle:SIGMA:P:FN:MF")
+            raise ValueError(f"arm {spec!r}: the meter is learned, ensemble:N (N >= 2), oracle, oracle:SIGMA:P or "
+                             "oracle:SIGMA:P:FN:MF")
         noise, flip, false_negative, missed_failure = (*(float(d) for d in dials), 0.0, 0.0, 0.0, 0.0)[:4]
         return cls(method, kind, noise, flip, options, false_negative, missed_failure)
 
     @property
     def name(self) -> str:
         settings = f"[{','.join(f'{k}={v}' for k, v in self.options)}]" if self.options else ""
+        if self.meter == "learned" and self.members > 1:
+            return f"{self.method}{settings}@ensemble:{self.members}"
         if self.meter is None or (self.meter == "learned"):
             return self.method + settings
         errors = f":{self.false_negative:g}:{self.missed_failure:g}" if self.false_negative or self.missed_failure else ""
@@ -275,8 +281,8 @@ class Arm:
     def overrides(self, meter_dir: Path) -> list[str]:
         """The trainer settings that make this arm (on top of the shared ``train.yaml``)."""
         out = [f"algo.method={self.method}", *(f"credit.{k}={v}" for k, v in self.options)]
-        if self.meter == "learned":
-            out.append(f"meter.path={meter_dir}")
+        if self.meter == "learned":  # an ensemble's members sit beside the seed's meter: meter-1, meter-2, ...
+            out.append("meter.path=" + ",".join([str(meter_dir), *(f"{meter_dir}-{k}" for k in range(1, self.members))]))
         elif self.meter == "oracle":
             out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
             if self.false_negative or self.missed_failure:

@@ -128,10 +128,18 @@ def load_meter(
     the served model, ``endpoint_timeout_s`` the deadline of one reading, retries included) or ``oracle`` (the
     household planner; ``tokenizer``, an object or spec, counts its tokens; ``oracle`` is its ``OracleConfig``);
     ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file; ``turn_limit`` the turn
-    limit an endpoint's meter was trained under (a saved meter keeps its own)."""
+    limit an endpoint's meter was trained under (a saved meter keeps its own). Several specs joined by commas
+    (``a,b,c``) make a pessimistic ensemble of those meters (:class:`~deltattg.meter.ensemble.MeterEnsemble`)."""
     from deltattg.meter.cache import ScoreCache
 
     spec = str(spec)
+    if "," in spec and not spec.startswith(("http://", "https://")):  # several meters: a pessimistic ensemble
+        from deltattg.meter.ensemble import MeterEnsemble
+
+        members = [load_meter(part, endpoint_model=endpoint_model, endpoint_timeout_s=endpoint_timeout_s,
+                              device=device, readout=readout, tokenizer=tokenizer, oracle=oracle, turn_limit=turn_limit)
+                   for part in spec.split(",") if part]  # fmt: skip
+        return MeterEnsemble(members)
     if spec == "oracle":
         from deltattg.meter.oracle import OracleConfig, OracleMeter
 
