@@ -69,6 +69,8 @@ def test_deeply_nested_json_is_an_input_error(tmp_path, capsys):
     ("step_tokens", [2**63, 4], "step_tokens[0]: must be at most"),
     ("meter", [OK(1e300), OK(5)], "meter[0].tokens_to_go: must be at most 1e+12"),
     ("meter", [{"logit": 1e300}, None], "meter[0].logit: must be at most"),
+    ("meter", [{"can_complete": True, "tokens_to_go": 3, "probability": 1.5}, None], "meter[0].probability: must be in [0, 1]"),
+    ("meter", [{"can_complete": False, "tokens_to_go": -3}, None], "meter[0].tokens_to_go: must be non-negative"),
 ])  # fmt: skip
 def test_numbers_that_would_overflow_are_refused_on_input(tmp_path, capsys, field, value, message):
     src = write(tmp_path / "in.jsonl", [OTHER, {**GOOD, field: value}])
@@ -78,11 +80,19 @@ def test_numbers_that_would_overflow_are_refused_on_input(tmp_path, capsys, fiel
 
 @pytest.mark.parametrize("option, value", [("--cap", "inf"), ("--cap", "1e300"), ("--rho", "nan"), ("--rho", "1.5"),
                                            ("--failure-cost", "inf"), ("--failure-cost", "-5"), ("--epsilon", "0"),
-                                           ("--cap", "x")])  # fmt: skip
+                                           ("--cap", "x"), ("--share-cap", "0.5"), ("--share-cap", "nan"),
+                                           ("--smooth", "0"), ("--trust", "magic")])  # fmt: skip
 def test_non_finite_and_out_of_range_options_are_refused_at_parse_time(tmp_path, capsys, option, value):
     src = write(tmp_path / "in.jsonl", [GOOD, OTHER])
     code, err = run([*credit(src, tmp_path / "out.jsonl"), option, value], capsys)
     assert code == 2 and f"argument {option}: " in err and "Traceback" not in err
+    assert only_inputs_left(tmp_path, src)
+
+
+def test_an_even_running_median_is_refused_by_name(tmp_path, capsys):
+    src = write(tmp_path / "in.jsonl", [GOOD, OTHER])
+    code, err = run([*credit(src, tmp_path / "out.jsonl"), "--method", "deltattg_robust", "--smooth", "4"], capsys)
+    assert code == 2 and "smooth (the running median's window) must be an odd integer" in err
     assert only_inputs_left(tmp_path, src)
 
 

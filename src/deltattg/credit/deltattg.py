@@ -197,7 +197,7 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
         shares = robust.capped_shares(shares, step_mask, config.share_cap)
     weights = bounded_token_normalization(shares, batch.step_tokens, config.cap)
     metrics: dict[str, float] = {}
-    if variant.robust and config.trust == "auc":  # how well p̃ ranks this batch's queried states by their outcomes
+    if variant.robust and config.trust == "auc":  # how well each trajectory's mean p̃ tells successes from failures
         auc, trust = robust.batch_trust(robust.completion_probability(meter), queried & meter.valid, batch.success,
                                         batch.group)
         weights = robust.trusted_weights(weights, trust, step_mask)

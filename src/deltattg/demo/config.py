@@ -102,7 +102,7 @@ class DemoConfig:
 
     # ---- machine ----
     threads: int = 1
-    jobs: int = 2  # RL arms trained at once, each in its own process
+    jobs: int = 3  # RL arms trained at once, each in its own process (one per arm: a last arm alone would leave a core idle)
     seed: int = 0
 
     @property
@@ -125,7 +125,7 @@ QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothi
 
 DEMO_BUDGET: dict[str, Any] = {  # `deltattg demo` in 10 minutes on 2 cores: fewer RL steps and a smaller pool
     "steps": 30,
-    "pool_episodes": 128,
+    "pool_episodes": 96,
 }
 
 PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, the paper's prompt and learning rate
