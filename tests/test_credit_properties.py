@@ -31,7 +31,9 @@ def readings(draw, invalid_rate: float):
         tokens_to_go=float(draw(st.integers(0, 3000))) if can or draw(st.booleans()) else None,
         logit=draw(f32),
         score=draw(f32),
-        probability=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0]), st.floats(0, 1))),
+        # p̃ on a 1/256 grid: the estimator computes costs in float32, the literal transcription in float64, and
+        # on this grid p̃·min(v̂, C) + (1 − p̃)·C is exact in both (a p̃ of 1e-12 moves a float64 cost, not a float32 one)
+        probability=draw(st.one_of(st.none(), st.integers(0, 256).map(lambda k: k / 256))),
     )
 
 
@@ -135,8 +137,9 @@ def test_matches_literal_algorithm1(name, data):
         robust=variant.robust, histories=histories,
     )
     assert credit.advantage.tolist() == pytest.approx(A, rel=1e-5, abs=1e-5)
-    for i, weights in enumerate(W):
-        assert credit.step_weights[i, : len(weights)].tolist() == pytest.approx(weights, rel=1e-4, abs=1e-4)
+    for i, weights in enumerate(W):  # a token-less step's multiplier touches no token: only the others must agree
+        ours = [w for w, n in zip(credit.step_weights[i].tolist(), tokens[i]) if n > 0]
+        assert ours == pytest.approx([w for w, n in zip(weights, tokens[i]) if n > 0], rel=1e-4, abs=1e-4)
 
 
 @settings(max_examples=100, deadline=None)

@@ -52,7 +52,8 @@ def hindsight_probability(probability: Tensor, known: Tensor) -> Tensor:
 
 
 def expected_costs(probability: Tensor, tokens_to_go: Tensor, failure_cost: float) -> Tensor:
-    """c = p̃·min(v̂, C) + (1 − p̃)·C: the expected remaining work (the soft readout; Eq. 7 where p̃ is 0 or 1)."""
+    """c = p̃·min(v̂, C) + (1 − p̃)·C: the expected remaining work (the soft readout; Eq. 7 where p̃ is 0 or 1). In
+    the readings' dtype (float32): p̃ differences below its resolution (≈ 6e-8 of C) read as no progress."""
     return probability * torch.clamp(tokens_to_go, max=failure_cost) + (1.0 - probability) * failure_cost
 
 
