@@ -108,6 +108,13 @@ def test_arm_specs():
     assert (noisy.meter, noisy.noise, noisy.flip, noisy.name) == ("oracle", 0.5, 0.1, "deltattg@oracle:0.5:0.1")
     assert noisy.folder == "deltattg-oracle-0.5-0.1" and Arm.parse("pos@oracle").name == "pos@oracle"
     assert "meter.oracle_noise=0.5" in noisy.overrides(Path("m"))
-    for bad in ("grpo@oracle", "deltattg@magic", "deltattg@oracle:0.5", "nope"):
+    robust = Arm.parse("deltattg_robust[smooth=1,meter.refresh_every=5]@ensemble:3")
+    assert robust.name == "deltattg_robust[smooth=1,meter.refresh_every=5]@ensemble:3" and robust.members == 3
+    assert robust.overrides(Path("s/meter")) == ["algo.method=deltattg_robust", "credit.smooth=1",
+                                                 "meter.refresh_every=5", "meter.path=s/meter,s/meter-1,s/meter-2"]
+    errors = Arm.parse("deltattg@oracle:0:0:0.2:0.3")
+    assert (errors.false_negative, errors.missed_failure, errors.name) == (0.2, 0.3, "deltattg@oracle:0:0:0.2:0.3")
+    for bad in ("grpo@oracle", "deltattg@magic", "deltattg@oracle:0.5", "nope", "deltattg_robust[smooth=2]",
+                "deltattg_robust[meter.bogus=1]", "deltattg@ensemble:1", "deltattg_robust[smooth=3"):
         with pytest.raises(ValueError):
             Arm.parse(bad)

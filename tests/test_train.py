@@ -10,6 +10,7 @@ or the household oracle.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -308,6 +309,33 @@ def test_resume_continues_exactly(tmp_path, actor_dir, meter_dir):
     assert [without_timing(r) for r in resumed] == [without_timing(r) for r in straight]
     assert logged_steps(b) == [0, 1, 2, 3, 4]
     assert [p.name for p in (b / "checkpoints").iterdir()] == ["step-4"]
+
+
+def test_on_policy_refresh_trains_the_meter_head_and_resumes_exactly(tmp_path, actor_dir, meter_dir):
+    """meter.refresh_every=1: after every step's credit the meter's head trains on that batch (the backbone stays);
+    its readings at the next step are the refreshed head's, and a resumed run reloads the refreshed head from the
+    checkpoint, so its metrics equal the uninterrupted run's."""
+    refresh = ("meter.refresh_every=1", "meter.refresh_lr=1e-2")
+    straight = train(small_config(tmp_path / "a", actor_dir, "deltattg_robust", meter_dir, "run.steps=4", *refresh),
+                     make_env=ScriptedOutcomes())  # fmt: skip
+    losses = [r["meter/refresh_loss"] for r in straight if "meter/refresh_loss" in r]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    assert all(r["meter/refresh_states"] > 0 for r in straight if "meter/refresh_states" in r)
+    b = tmp_path / "b"
+    train(small_config(b, actor_dir, "deltattg_robust", meter_dir, "run.steps=2", "run.keep_checkpoints=1", *refresh),
+          make_env=ScriptedOutcomes())  # fmt: skip
+    resumed = train(small_config(b, actor_dir, "deltattg_robust", meter_dir, "run.steps=4", "run.keep_checkpoints=1",
+                                 *refresh), resume="latest", make_env=ScriptedOutcomes())  # fmt: skip
+    assert [without_timing(r) for r in resumed] == [without_timing(r) for r in straight]
+    frozen = train(small_config(tmp_path / "c", actor_dir, "deltattg_robust", meter_dir, "run.steps=4"),
+                   make_env=ScriptedOutcomes())  # fmt: skip
+    assert [r.get("trust/auc") for r in frozen][2:] != [r.get("trust/auc") for r in straight][2:] or \
+        [r.get("advantage/abs_mean") for r in frozen] != [r.get("advantage/abs_mean") for r in straight]
+    state = torch.load(b / "checkpoints" / "step-4" / "trainer_state.pt", weights_only=True)
+    saved = RegressionMeter.from_pretrained(meter_dir).head.state_dict()
+    assert any(not torch.equal(state["meter_head"][k], saved[k]) for k in saved)  # the head did move
+    with pytest.raises(ValueError, match="the oracle is the planner"):
+        small_config(tmp_path / "d", actor_dir, "deltattg", "oracle", "meter.refresh_every=1")
 
 
 @pytest.mark.slow

@@ -230,13 +230,14 @@ class Arm:
     planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
     p), ``deltattg@oracle:SIGMA:P:FN:MF`` (and b̂ = 0 on successes' states with probability FN, b̂ = 1 on failures'
     uncompletable states with probability MF: ``meter.oracle``), ``pos@oracle``,
-    ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields), ..."""
+    ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields),
+    ``deltattg_robust[meter.refresh_every=5]`` (any other trainer setting), ..."""
 
     method: str
     meter: str | None = None  # None (the method reads none), "learned" or "oracle"
     noise: float = 0.0
     flip: float = 0.0
-    options: tuple[tuple[str, str], ...] = ()  # credit settings (CreditConfig field, value as written)
+    options: tuple[tuple[str, str], ...] = ()  # settings (a CreditConfig field or SECTION.KEY, value as written)
     false_negative: float = 0.0
     missed_failure: float = 0.0
     members: int = 1  # learned meters read together (``ensemble:N``: a pessimistic ensemble of N)
@@ -280,7 +281,7 @@ class Arm:
 
     def overrides(self, meter_dir: Path) -> list[str]:
         """The trainer settings that make this arm (on top of the shared ``train.yaml``)."""
-        out = [f"algo.method={self.method}", *(f"credit.{k}={v}" for k, v in self.options)]
+        out = [f"algo.method={self.method}", *(f"{setting_path(k)}={v}" for k, v in self.options)]
         if self.meter == "learned":  # an ensemble's members sit beside the seed's meter: meter-1, meter-2, ...
             out.append("meter.path=" + ",".join([str(meter_dir), *(f"{meter_dir}-{k}" for k in range(1, self.members))]))
         elif self.meter == "oracle":
@@ -292,20 +293,28 @@ class Arm:
 
 
 def parse_credit_options(spec: str, text: str) -> tuple[tuple[str, str], ...]:
-    """``KEY=VALUE,...]`` of an arm spec: ``CreditConfig`` fields, each checked by building the config."""
-    from deltattg.credit import CreditConfig
-    from deltattg.train.config import from_dict
+    """``KEY=VALUE,...]`` of an arm spec: ``CreditConfig`` fields, or trainer settings ``SECTION.KEY`` (e.g.
+    ``meter.refresh_every``), each checked by building the config."""
+    from deltattg.train.config import TrainConfig, from_dict, merge, parse_assignment
 
     if not text.endswith("]"):
-        raise ValueError(f"arm {spec!r}: credit settings are [KEY=VALUE,...]")
+        raise ValueError(f"arm {spec!r}: settings are [KEY=VALUE,...]")
     pairs = [item.partition("=") for item in text[:-1].split(",") if item]
     if not pairs or any(not sep or not key for key, sep, _ in pairs):
-        raise ValueError(f"arm {spec!r}: credit settings are [KEY=VALUE,...]")
+        raise ValueError(f"arm {spec!r}: settings are [KEY=VALUE,...]")
+    nested: dict = {}
+    for key, _, value in pairs:
+        nested = merge(nested, parse_assignment(f"{setting_path(key)}={value}"))
     try:
-        from_dict(CreditConfig, {key: value for key, _, value in pairs}, "credit.")
+        from_dict(TrainConfig, nested)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"arm {spec!r}: {exc}") from None
     return tuple((key, value) for key, _, value in pairs)
+
+
+def setting_path(key: str) -> str:
+    """An arm setting's trainer path: ``KEY`` is a credit setting, ``SECTION.KEY`` any other."""
+    return key if "." in key else f"credit.{key}"
 
 
 def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path) -> list[dict]:

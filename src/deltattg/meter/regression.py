@@ -390,6 +390,10 @@ class RegressionMeter(nn.Module):
         """The head's ``[B, 2]`` outputs as readings, with this meter's target and fitted temperature."""
         return readings_from_head(outputs, self.config.target, self.config.temperature)
 
+    def weights_changed(self) -> None:
+        """Forget the cached meter id after the weights were trained in place (an on-policy refresh)."""
+        self._id = None
+
     def set_temperature(self, temperature: float) -> None:
         """Use p̃ = σ(logit / temperature) from now on (saved with the meter; its id changes with it)."""
         if not 0 < temperature < math.inf:

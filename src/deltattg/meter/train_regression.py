@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -345,3 +346,37 @@ def train_regression_meter(
         report["head_losses"] = head_losses
     (output / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+class OnPolicyRefresh:
+    """On-policy refresh of a regression meter (ours, beyond the paper, which freezes the meter): every call trains
+    the meter's head for ``epochs`` on the decision states of the actor's own latest rollouts, labelled by their
+    outcomes and token counts (Eq. 1–2: the labels are free), so that the meter follows the states the policy now
+    visits. The backbone stays as it is (its features are read without gradients); each refresh is a short
+    fine-tune of its own (``train_head_on_features``: AdamW at ``lr``, batches shuffled from ``seed``)."""
+
+    def __init__(self, meter: RegressionMeter, *, lr: float = 1e-4, epochs: int = 1, batch_size: int = 32):
+        self.meter = meter
+        self.lr = lr
+        self.epochs = epochs
+        self.batch_size = batch_size
+
+    def update(self, trajectories: Sequence[Any], seed: int) -> dict[str, float]:
+        """One refresh on ``trajectories`` (records with messages, success and step_tokens); returns the last epoch's
+        loss as ``meter/refresh_loss`` and the states it read as ``meter/refresh_states``."""
+        windows: list[Window] = []
+        examples: list[Example] = []
+        for t in trajectories:
+            w, e = trajectory_examples(self.meter, t.messages or [], t.success, t.step_tokens or [], len(windows),
+                                       t.reward)  # fmt: skip
+            windows += w
+            examples += e
+        if not examples:
+            return {}
+        with torch.no_grad():
+            features = self.meter.boundary_features(windows)
+        config = RegressionTrainConfig(output_dir="", head_epochs=self.epochs, batch_size=self.batch_size,
+                                       lr_head_frozen=self.lr, seed=seed, progress=False)  # fmt: skip
+        losses = train_head_on_features(self.meter, features, examples, _row_of(windows, examples), config)
+        self.meter.weights_changed()
+        return {"meter/refresh_loss": losses[-1], "meter/refresh_states": float(len(examples))}

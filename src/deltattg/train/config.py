@@ -111,7 +111,9 @@ class OptimConfig:
 class MeterConfig:
     """The frozen progress meter the DeltaTTG family reads: a saved folder (``meter_config.json`` names its kind), a
     model spec, an endpoint URL, or ``oracle`` (household only: the planner's exact readings, Token-to-Go counted with
-    the actor's tokenizer, degraded by ``oracle_noise`` σ on v̂ and ``oracle_flip`` p on b̂; ``meter.oracle``)."""
+    the actor's tokenizer, degraded by ``oracle_noise`` σ on v̂ and ``oracle_flip`` p on b̂; ``meter.oracle``).
+    ``refresh_every`` > 0 unfreezes an in-process regression meter's head: every N steps it trains on the batch's own
+    rollouts, labelled by their outcomes (ours, beyond the paper; ``meter.train_regression.OnPolicyRefresh``)."""
 
     path: str | None = None
     oracle_noise: float = 0.0
@@ -119,6 +121,9 @@ class MeterConfig:
     oracle_seed: int = 0
     oracle_false_negative: float = 0.0  # b̂ = 0 on states of successful trajectories, with this probability
     oracle_missed_failure: float = 0.0  # b̂ = 1 on uncompletable states of failed trajectories, with this probability
+    refresh_every: int = 0  # on-policy refresh (ours): train the meter's head on the batch every N steps; 0 = frozen
+    refresh_epochs: int = 1  # epochs over the batch's decision states per refresh
+    refresh_lr: float = 1e-4  # the head's learning rate in a refresh
 
     def oracle(self) -> Any:
         """The ``OracleConfig`` of these settings."""
@@ -401,8 +406,12 @@ def validate(config: TrainConfig) -> None:
         )
     if needs_meter(config) and not config.meter.path:
         raise ValueError(f"algo.method {method} needs a frozen progress meter: set meter.path")
+    if config.meter.refresh_every < 0 or config.meter.refresh_epochs < 1 or not config.meter.refresh_lr > 0:
+        raise ValueError("meter.refresh_every must be >= 0, meter.refresh_epochs >= 1 and meter.refresh_lr > 0")
     if config.meter.path == "oracle":
         config.meter.oracle()  # its dials are in range
+        if config.meter.refresh_every:
+            raise ValueError("meter.refresh_every trains a learned meter; the oracle is the planner")
         if config.env.name != "household":
             raise ValueError(f"meter.path=oracle replays the household planner; env.name is {config.env.name!r}")
     positive = {

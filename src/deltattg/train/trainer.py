@@ -54,6 +54,8 @@ from deltattg.train.checkpoint import (
 )
 from deltattg.train.config import OptimConfig, RolloutConfig, TrainConfig
 from deltattg.meter.loading import check_meter_turn_limit, load_meter, read_states
+from deltattg.meter.regression import RegressionMeter
+from deltattg.meter.train_regression import OnPolicyRefresh
 from deltattg.train.rollouts import RolloutBatch, TaskSampler, collect, env_factory
 from deltattg.train.rows import Row, chunks, collate, pad_responses, response_logprobs, rows_logprobs, step_rows
 from deltattg.train.rows import rows_logprobs_and_hidden
@@ -314,6 +316,12 @@ def train(
         meter = load_meter(config.meter.path, device=device, readout=estimator.readout,  # type: ignore[arg-type]
                            tokenizer=tokenizer, oracle=config.meter.oracle())  # fmt: skip
         check_meter_turn_limit(meter, rollout.max_turns, f"meter.path {config.meter.path}", "rollout.max_turns")
+    refresh = None  # on-policy refresh (ours): the meter's head keeps learning from the batch's own outcomes
+    if meter is not None and config.meter.refresh_every:
+        if not isinstance(meter, RegressionMeter):
+            raise ValueError(f"meter.refresh_every trains an in-process regression meter; meter.path "
+                             f"{config.meter.path} is a {type(meter).__name__}")  # fmt: skip
+        refresh = OnPolicyRefresh(meter, lr=config.meter.refresh_lr, epochs=config.meter.refresh_epochs)
     answers = None  # IGPO / A²TGPO: each trajectory's reference-answer log-prob after every turn, read by the actor
     if Reads.ANSWER_PROBS in estimator.reads:
         answers = AnswerLogprobs(policy, env, env.tasks(config.env.train_split), algo.method,
@@ -343,6 +351,9 @@ def train(
         optimizer.load_state_dict(checkpoint.optimizer)
         sampler.load_state_dict(saved["sampler"])
         start, generated_tokens, records = saved["step"], saved["generated_tokens"], saved["metrics"]
+        if refresh is not None:  # the meter as the run had refreshed it
+            refresh.meter.head.load_state_dict(saved["meter_head"])
+            refresh.meter.weights_changed()
         discard_checkpoints_after(out, start)
         set_rng_state(saved["rng"])  # last: loading models may draw random numbers
     log = MetricsLog(out, records, config.run.tensorboard)
@@ -393,6 +404,9 @@ def train(
             rows = step_rows(trajectories)
             advantages = row_advantages(credit, rows)
             clip_scales = row_clip_scales(credit, rows)  # A²TGPO's per-step clip factors; None for the others
+        if refresh is not None and step % config.meter.refresh_every == 0:  # after this step's credit was read
+            with timer("meter"):
+                record |= refresh.update(trajectories, seed=seed + step)
         record |= clip_scale_metrics(clip_scales) | verified_metrics(steps)
         record |= credit.fallback_counts() | credit.metrics | concentration_metrics(credit, steps) | {
             "train/rows": len(rows),
@@ -448,6 +462,8 @@ def train(
                 "run_id": run["run_id"],
                 "config_sha256": config_hash(config_text),
             }
+            if refresh is not None:
+                state["meter_head"] = refresh.meter.head.state_dict()
             save_checkpoint(out, step, actor, tokenizer, optimizer, state)
             prune_checkpoints(out, config.run.keep_checkpoints)
     log.close()
