@@ -63,6 +63,7 @@ from deltattg.demo.comparison import (
     first_step_reaching,
     success_curve,
     summarize,
+    t_interval,
 )
 from deltattg.demo.config import DemoConfig, demo_config
 from deltattg.demo.pipeline import (
@@ -251,11 +252,12 @@ def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> Non
     colors = plt.get_cmap("tab20" if len(curves) > 10 else "tab10").colors  # one distinct colour per arm
     for (name, c), color in zip(curves.items(), colors):
         mean = c.mean(axis=0)
-        half = 1.96 * c.std(axis=0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros_like(mean)
         ax.plot(steps, 100 * mean, "o-", ms=3, label=name, color=color)
-        ax.fill_between(steps, 100 * (mean - half), 100 * (mean + half), alpha=0.12, color=color)
+        if len(c) > 1:  # the table's 95 % t interval of each evaluation's mean
+            low, high = np.array([t_interval(column) for column in c.T]).T
+            ax.fill_between(steps, 100 * low, 100 * high, alpha=0.12, color=color)
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"held-out greedy success % (mean ± 1.96 SE, {len(next(iter(curves.values())))} seeds)")
+    ax.set_ylabel(f"held-out greedy success %\n(mean, 95 % t interval, {len(next(iter(curves.values())))} seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()

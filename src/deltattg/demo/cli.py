@@ -13,16 +13,20 @@ DESCRIPTION = """\
 The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 10 minutes):
   1. a tiny word-level Llama actor behaviour-cloned on noisy-expert episodes (the base actor);
   2. trajectories of a pool of diverse policies (noisy experts at several eps, random, the base actor);
-  3. a regression progress meter (tiny Llama backbone + head) trained on them (Token-to-Go labels);
-  4. GRPO and DeltaTTG from the same base actor and seed, same number of steps, evaluated on held-out tasks;
-  5. natural vs random-of-4 vs meter-guided-of-4 action selection for the base actor (Table 9 layout);
-  6. report.md with plots (success curves, one group's per-step credit, predicted vs true Token-to-Go) under --out,
-     and a summary table on the console.
+  3. a regression progress meter (tiny Llama backbone + head) trained on them (Token-to-Go labels, the turns left
+     marked), its completion probability calibrated on held-out pool tasks;
+  4. where the credit goes on base-actor rollouts: GRPO, the paper's DeltaTTG and robust DeltaTTG (recommended)
+     with the learned meter, DeltaTTG with the oracle (`deltattg inspect`'s precision and concentration);
+  5. RL from the same base actor and seed: GRPO, the paper's DeltaTTG and robust DeltaTTG with the learned meter,
+     evaluated on held-out tasks (one seed: bench/bench_train.py runs ten);
+  6. natural vs random-of-4 vs meter-guided-of-4 action selection for the base actor (Table 9 layout);
+  7. report.md with plots (success curves, per-step credit, predicted vs true Token-to-Go) under --out, and a
+     summary table on the console.
 """
 
 EPILOG = """\
 examples:
-  deltattg demo                              # the full demo, ~8 minutes on 2 cores -> runs/demo/report.md
+  deltattg demo                              # the full demo, ~10 minutes on 2 cores -> runs/demo/report.md
   deltattg demo --quick --out runs/quick     # < 2 minutes, nothing learns, every stage and plot runs (CI)
   deltattg demo --model smollm2              # SmolLM2-135M-Instruct actor (offline): RL takes minutes per step on CPU
   deltattg demo --env alfworld --data ALFWORLD_JSON_DIR --model smollm2

@@ -427,7 +427,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, guidance: bool = True) -> D
             result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter", heldout_pool)
             meter = load_meter(out / "meter", device=torch_device("auto"))
             result.fit = meter_fit(meter, heldout_pool)
-        with stage("4 RL: GRPO and DeltaTTG", timings):
+        with stage("4 RL: " + ", ".join(config.arms), timings):
             settings_file = out / "train.yaml"
             settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
                                                     sort_keys=False))  # fmt: skip
