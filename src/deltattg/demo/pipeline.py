@@ -38,7 +38,7 @@ from deltattg.guidance import GuidanceRow, compare_guidance
 from deltattg.meter.fit import MeterFit, calibrate, meter_fit
 from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
-from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
+from deltattg.meter.train_regression import RegressionTrainConfig, records_examples, train_regression_meter
 from deltattg.rollout.collect import collect, parse_policy
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
@@ -184,11 +184,7 @@ def train_meter(config: DemoConfig, trajectories: Sequence[Trajectory], tokenize
     meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
                                                                   head_hidden=4 * config.meter_hidden,
                                                                   turn_limit=config.max_turns if turns_left else None))  # fmt: skip
-    windows, examples = [], []
-    for t in trajectories:
-        w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows))
-        windows += w
-        examples += e
+    windows, examples = records_examples(meter, trajectories)  # the meter's target is TTG: the reward is not read
     settings = RegressionTrainConfig(output_dir=str(folder), freeze_backbone=False, epochs=config.meter_epochs,
                                      batch_size=config.meter_batch_size, lr_backbone=config.meter_lr,
                                      lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume

@@ -22,12 +22,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
-
 import torch
 from tqdm import tqdm
 
 from deltattg.data.labels import remaining_sums
+from deltattg.data.trajectory import Trajectory
 from deltattg.meter.regression import RegressionMeter, Window, head_members, meter_loss
 
 
@@ -79,6 +78,17 @@ def trajectory_examples(
         for w, window in enumerate(windows)
         for r, t in enumerate(window.steps)
     ]
+    return windows, examples
+
+
+def records_examples(meter: RegressionMeter, trajectories: Sequence[Trajectory]) -> tuple[list[Window], list[Example]]:
+    """``trajectory_examples`` over trajectory records, their windows numbered in order."""
+    windows: list[Window] = []
+    examples: list[Example] = []
+    for t in trajectories:
+        w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows), t.reward)
+        windows += w
+        examples += e
     return windows, examples
 
 
@@ -361,16 +371,10 @@ class OnPolicyRefresh:
         self.epochs = epochs
         self.batch_size = batch_size
 
-    def update(self, trajectories: Sequence[Any], seed: int) -> dict[str, float]:
+    def update(self, trajectories: Sequence[Trajectory], seed: int) -> dict[str, float]:
         """One refresh on ``trajectories`` (records with messages, success and step_tokens); returns the last epoch's
         loss as ``meter/refresh_loss`` and the states it read as ``meter/refresh_states``."""
-        windows: list[Window] = []
-        examples: list[Example] = []
-        for t in trajectories:
-            w, e = trajectory_examples(self.meter, t.messages or [], t.success, t.step_tokens or [], len(windows),
-                                       t.reward)  # fmt: skip
-            windows += w
-            examples += e
+        windows, examples = records_examples(self.meter, trajectories)
         if not examples:
             return {}
         with torch.no_grad():
