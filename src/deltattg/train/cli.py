@@ -103,7 +103,7 @@ def check_specs(config) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Resolve the configuration, then train (bad settings, a missing meter or checkpoint: a usage error, exit 2)."""
-    from deltattg.train.config import dump, load, resolve
+    from deltattg.train.config import dump, load, resolve, with_absolute_paths
     from deltattg.train.rollouts import DynamicSamplingExhausted
     from deltattg.train.trainer import train
 
@@ -119,6 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(dump(config), end="")
             return 0
         check_specs(config)  # a mistyped actor or meter path: refused before the run folder is touched
+        config = with_absolute_paths(config)  # the saved config.yaml resumes from any working folder
         records = train(config, resume=args.resume, overwrite=args.overwrite)
     except DynamicSamplingExhausted as exc:  # the run stops where its last checkpoint is; resume after a change
         print(f"deltattg train: error: {exc}", file=sys.stderr)

@@ -481,6 +481,34 @@ def with_changes(config: TrainConfig, **sections: dict) -> TrainConfig:
     return dataclasses.replace(config, **changed)
 
 
+def _absolute(spec: str) -> str:
+    """A local path spec (:func:`deltattg.hf.looks_local`; ``DIR::FILE.gguf`` by its folder) made absolute; a Hub id,
+    ``smollm2``, ``tiny``, ``oracle`` or a URL as it is."""
+    from deltattg.hf import SMOLLM2, looks_local
+
+    folder, sep, gguf_file = spec.partition("::")
+    named = spec in (SMOLLM2, "tiny", "oracle") or spec.startswith(("http://", "https://"))
+    if named or not (looks_local(folder) or sep):
+        return spec
+    return _absolute_path(folder) + sep + gguf_file
+
+
+def _absolute_path(path: str) -> str:
+    return str(Path(path).expanduser().absolute())
+
+
+def with_absolute_paths(config: TrainConfig) -> TrainConfig:
+    """``config`` with its local paths (``actor.model``, each part of ``meter.path``, ``env.data_dir``, ``run.out``)
+    absolute, so the ``config.yaml`` a run saves resumes from any working folder."""
+    meter = config.meter.path
+    if meter is not None:
+        meter = ",".join(_absolute(part) if part else part for part in meter.split(","))
+    data_dir = config.env.data_dir
+    return with_changes(config, actor={"model": _absolute(config.actor.model)}, meter={"path": meter},
+                        env={"data_dir": data_dir and _absolute_path(data_dir)},
+                        run={"out": _absolute_path(config.run.out)})
+
+
 def dump(config: TrainConfig) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
