@@ -3,7 +3,7 @@
 Per seed (the demo's stages with that seed): a tiny actor behaviour-cloned on noisy-expert episodes, a trajectory
 pool and a regression meter (only when an arm reads the learned meter), then every arm from that same actor and seed
 for ``--steps`` steps (same tasks in the same order, batch, group size, learning rate), evaluated greedily on
-``--eval-tasks`` held-out tasks every ``--eval-every`` steps. Arms are ``deltattg.demo.pipeline.Arm`` specs:
+``--eval-tasks`` held-out tasks every ``--eval-every`` steps. Arms are ``deltattg.regime.stages.Arm`` specs:
 
     grpo                      outcome advantages only (Eq. 14)
     deltattg                  DeltaTTG with the learned regression meter
@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from deltattg.demo.comparison import (
+from deltattg.regime.comparison import (
     COLLAPSE_AT,
     Estimate,
     area_under_curve,
@@ -65,8 +65,8 @@ from deltattg.demo.comparison import (
     summarize,
     t_interval,
 )
-from deltattg.demo.config import DemoConfig, demo_config
-from deltattg.demo.pipeline import (
+from deltattg.regime.config import RegimeConfig, regime_config
+from deltattg.regime.stages import (
     PRESET,
     Arm,
     BaseActor,
@@ -78,7 +78,7 @@ from deltattg.demo.pipeline import (
     trainer_settings,
 )
 from deltattg.data.sources import split_by_task
-from deltattg.demo.report import markdown_table, pyplot
+from deltattg.report import markdown_table, pyplot
 from deltattg.train import read_metrics, resolve, train
 from deltattg.train.checkpoint import code_revision, config_hash
 
@@ -86,13 +86,13 @@ DEFAULT_ARMS = ("grpo", "deltattg", "deltattg@oracle", "deltattg@oracle:0.5:0.1"
 
 
 # ---- running -------------------------------------------------------------------------------------------------------
-def seed_config(args: argparse.Namespace, seed: int) -> DemoConfig:
-    config = demo_config(quick=args.quick, seed=seed, threads=1, budget=False)
+def seed_config(args: argparse.Namespace, seed: int) -> RegimeConfig:
+    config = regime_config(quick=args.quick, seed=seed, threads=1, budget=False)
     given = {"steps": args.steps, "eval_every": args.eval_every, "eval_tasks": args.eval_tasks}
     return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
-def prepare_seed(config: DemoConfig, folder: Path, meters: int, allow_mixed: bool = False) -> None:
+def prepare_seed(config: RegimeConfig, folder: Path, meters: int, allow_mixed: bool = False) -> None:
     """The seed's base actor and, when arms read them, its pool and ``meters`` learned meters — ``meter`` and, for
     an ensemble, ``meter-1`` … from other model seeds on the same pool — kept if already there and made by the
     current code revision (or by any with ``allow_mixed``), and the trainer settings every arm shares
@@ -436,11 +436,11 @@ def mean_of(values: Sequence[float]) -> float:
 
 
 def demo_setting(text: str) -> tuple[str, object]:
-    """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); a :class:`DemoConfig` field."""
+    """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); a :class:`RegimeConfig` field."""
     name, sep, value = text.partition("=")
-    if not sep or name not in {f.name for f in dataclasses.fields(DemoConfig)}:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD a DemoConfig field")
-    default = getattr(DemoConfig(), name)
+    if not sep or name not in {f.name for f in dataclasses.fields(RegimeConfig)}:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD a RegimeConfig field")
+    default = getattr(RegimeConfig(), name)
     parsed = yaml.safe_load(value)
     if isinstance(default, tuple):
         parsed = tuple(parsed)
@@ -458,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
-                        help="change one DemoConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
+                        help="change one RegimeConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="reuse finished runs and actors of any code revision, and pair runs of different "

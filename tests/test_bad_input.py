@@ -430,3 +430,46 @@ def test_train_refuses_a_malformed_meter_folder_before_writing(tmp_path, capsys,
     code, err = run(["train", "--preset", "household-tiny", "--out", "run", "--method", "deltattg", "--meter", "meter"],
                     capsys)
     assert code == 2 and "meter_config.json: malformed JSON" in err and not (tmp_path / "run").exists()
+
+
+# ---- issue 21: trajectories without actions ------------------------------------------------------------------------
+def no_actions(index: int, reward: float) -> dict:
+    """A trajectory that ended before its first action: no steps, no readings, the answer's log-prob before it."""
+    return {"id": f"none{index}", "group": "g", "reward": reward, "success": reward > 0,
+            "messages": [{"role": "user", "content": "go"}], "step_tokens": [], "meter": [], "answer_logprobs": [-1.0]}
+
+
+ONE_ACTION = {"id": "one", "group": "g", "reward": 0.0, "success": False, "step_tokens": [3],
+              "messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "look"}],
+              "meter": [{"can_complete": True, "tokens_to_go": 5, "logit": 0.5, "score": 0.2, "probability": 0.6}],
+              "answer_logprobs": [-1.0, -0.5]}  # fmt: skip
+COUNTS_TRAJECTORIES = {"igpo", "a2tgpo"}  # their outcome term counts each trajectory once (verl's GRPO), not its steps
+
+
+def estimators() -> list[str]:
+    from deltattg.credit import available_estimators
+
+    return available_estimators()
+
+
+@pytest.mark.parametrize("method", estimators())
+@pytest.mark.parametrize("batch", ["only", "mixed"])
+def test_trajectories_without_actions_get_no_step_credit(tmp_path, capsys, method, batch):
+    # A batch of only action-less trajectories has zero step columns: the meter-reading estimators tracebacked
+    # ("index 0 is out of bounds"), and GRPO gave the one with R = 1 A = 1/ε = 1e6 (a group without a single
+    # step-expanded row). Such a trajectory has no token to credit: it is kept, with no step credit and, where the
+    # statistics are over steps (Eq. 14, GiGPO, HGPO), A = 0 — it does not enter them.
+    from deltattg.credit import get_estimator
+
+    rows = [no_actions(0, 1.0), no_actions(1, 0.0)] + ([ONE_ACTION] if batch == "mixed" else [])
+    src, out = write(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
+    code, err = run(credit(src, out, "--method", method), capsys)
+    if get_estimator(method).records_problem() is not None:  # it reads what only the actor gives (DelTA, CrEST)
+        assert code == 2 and "runs inside `deltattg train`" in err and not out.exists()
+        return
+    assert code == 0, err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    for record in records[:2]:
+        assert record["step_advantages"] == [] and record.get("step_weights", []) == []
+        assert record["advantage"] == 0.0 or method in COUNTS_TRAJECTORIES
+    assert all(abs(record["advantage"]) < 10 for record in records)

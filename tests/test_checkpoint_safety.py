@@ -26,7 +26,8 @@ from deltattg.meter.train_regression import (
     train_regression_meter,
     trajectory_examples,
 )
-from deltattg.train.checkpoint import CheckpointError, checkpoints, rng_state, set_rng_state
+from deltattg.data.pt_files import CheckpointError
+from deltattg.train.checkpoint import checkpoints, rng_state, set_rng_state
 from deltattg.train.trainer import train
 from test_meter_cli import apb_record
 from test_meter_regression import synthetic_set, tiny_meter

@@ -175,3 +175,43 @@ def test_verl_tasks_writes_one_row_per_task_and_nothing_on_a_bad_split(tmp_path,
         main(["verl-tasks", "--env", "household", "--split", "nope", "--out", str(bad)])
     assert exit_info.value.code == 2 and "unknown split 'nope'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [out]
+
+
+def test_credit_and_inspect_take_every_record_estimators_option_from_its_registry_record(tmp_path, capsys):
+    """The options of ``credit`` and ``inspect`` are built from the registry's ``Option`` records: each one's flag with
+    its help, refused at parse time outside its domain; ``--logit-clip`` (a setting no hand-written list had) reaches
+    the ``logit`` estimator: clipping at L = 1 equals reading logits already clipped to [−1, 1]."""
+    from deltattg.cli import record_options
+
+    for command in ("credit", "inspect"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        shown = " ".join(capsys.readouterr().out.split())
+        for option in record_options():
+            assert option.flag in shown and " ".join(option.help.split()) in shown, (command, option.name)
+    src = write(tmp_path / "in.jsonl", [traj("a", "g", True, [3, 4, 5], [{"logit": 0.5}, {"logit": 3.0}, {"logit": -4.0}]),
+                                         traj("b", "g", False, [2], [{"logit": -1.0}])])  # fmt: skip
+    clipped = write(tmp_path / "clipped.jsonl", [traj("a", "g", True, [3, 4, 5], [{"logit": 0.5}, {"logit": 1.0},
+                                                                                 {"logit": -1.0}]),
+                                                 traj("b", "g", False, [2], [{"logit": -1.0}])])  # fmt: skip
+
+    def weights(path, *extra):
+        out = tmp_path / f"{path.stem}{len(extra)}.jsonl"
+        assert main(["credit", str(path), "--method", "logit", "--out", str(out), *extra]) == 0
+        return json.loads(out.read_text().splitlines()[0])["step_weights"]
+
+    assert weights(src, "--logit-clip", "1") == pytest.approx(weights(clipped, "--logit-clip", "1"))
+    assert weights(src) != pytest.approx(weights(src, "--logit-clip", "1"))
+    for flag, value in (("--logit-clip", "0"), ("--alpha", "101"), ("--ig-beta", "1.5"), ("--norm", "max")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["credit", str(src), "--method", "logit", "--out", str(tmp_path / "x.jsonl"), flag, value])
+        assert exit_info.value.code == 2 and f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_json_reports_write_an_undefined_statistic_as_null(tmp_path):
+    """``eval-meter --json`` / ``eval-steps --json`` / ``guide --json`` / ``inspect.json`` go through ``write_json``:
+    a Spearman of fewer than three states (NaN) is ``null``, never the ``NaN`` that strict JSON readers refuse."""
+    from deltattg.data.jsonl import loads_strict, write_json
+
+    write_json(tmp_path / "r.json", {"spearman": float("nan"), "rows": [1.5, float("inf")], "n": 2})
+    assert loads_strict((tmp_path / "r.json").read_text()) == {"spearman": None, "rows": [1.5, None], "n": 2}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
 from deltattg.cli import main
 from deltattg.data.sources import read_trajectories
 from deltattg.rollout.collect import parse_policy
@@ -45,3 +47,14 @@ def test_bad_policy_specs(spec, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["collect", "--env", "household", "--policy", spec, "--episodes", "1", "--out", str(tmp_path / "o.jsonl")])
     assert exc.value.code == 2 and not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("target", ["/sys/deltattg-pool.jsonl", "/proc/deltattg-pool.jsonl"])
+def test_an_unwritable_out_is_refused_before_any_episode(target, capsys):
+    """(As root, chmod blocks nothing: /sys and /proc refuse new files to anyone.) The check comes first, not after
+    the episodes: no progress bar is drawn."""
+    if not Path(target).parent.is_dir():
+        pytest.skip(f"no {Path(target).parent}")
+    code = main(["collect", "--env", "household", "--short", "--policy", "expert", "--episodes", "2", "--out", target])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{target}: cannot write" in err and "rollout" not in err and "Traceback" not in err

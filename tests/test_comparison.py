@@ -1,4 +1,4 @@
-"""Paired-seed statistics of RL comparisons (``deltattg.demo.comparison``) by hand, and the demo's arm specs."""
+"""Paired-seed statistics of RL comparisons (``deltattg.regime.comparison``) by hand, and the demo's arm specs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deltattg.demo.comparison import (
+from deltattg.regime.comparison import (
     Estimate,
     area_under_curve,
     collapsed,
@@ -21,7 +21,7 @@ from deltattg.demo.comparison import (
     summarize,
     t_interval,
 )
-from deltattg.demo.pipeline import Arm
+from deltattg.regime.stages import Arm
 
 
 def test_curve_area_and_first_crossing_by_hand():

@@ -38,10 +38,10 @@ EPS = 1e-6
 # k = 2 (t ≥ 1): (0,1) {A1 1, B1 0}: A1 +0.5, B1 −0.5;  (1,2) {A2 1, D2 0}: A2 +0.5, D2 −0.5;
 #        (0,4) {C1}, (5,1) {D1}, (1,3) {B2}, (4,2) {C2}: singletons
 # k = 3 (t = 2): (0,1,2), (0,1,3), (0,4,2), (5,1,2): all singletons
-# A = Σ w a / (Σ w + ε) over the nonzero items:
-#   A0 = 2·(1/3)/(2+ε)   B0 = 2·(−2/3)/(2+ε)   C0 = 2·(1/3)/(2+ε)   D0 = 0
-#   A1 = (2·2/3 + 3·0.5)/(5+ε)   B1 = (2·(−1/3) + 3·(−0.5))/(5+ε)   C1 = 0   D1 = 2·(−1/3)/(2+ε)
-#   A2 = (2·2/3 + 3·0.5)/(5+ε)   B2 = 0   C2 = 2·(−1/3)/(2+ε)   D2 = (2·(−1/3) + 3·(−0.5))/(5+ε)
+# A = Σ w a / Σ w over the nonzero items:
+#   A0 = 2·(1/3)/2   B0 = 2·(−2/3)/2   C0 = 2·(1/3)/2   D0 = 0
+#   A1 = (2·2/3 + 3·0.5)/5   B1 = (2·(−1/3) + 3·(−0.5))/5   C1 = 0   D1 = 2·(−1/3)/2
+#   A2 = (2·2/3 + 3·0.5)/5   B2 = 0   C2 = 2·(−1/3)/2   D2 = (2·(−1/3) + 3·(−0.5))/5
 # ---------------------------------------------------------------------------------------------------------------------
 HISTORY = batch(
     [1.0, 0.0, 1.0, 0.0],
@@ -52,23 +52,23 @@ HISTORY = batch(
 
 
 def test_hgpo_history_groups_mean_only_by_hand():
-    up, down = (2 * 2 / 3 + 3 * 0.5) / (5 + EPS), (2 * (-1 / 3) + 3 * (-0.5)) / (5 + EPS)
+    up, down = (2 * 2 / 3 + 3 * 0.5) / 5, (2 * (-1 / 3) + 3 * (-0.5)) / 5
     _, adv = hgpo_advantages(*HISTORY, history=2, alpha=1.0, gamma=1.0, norm="mean")
     close(
         adv,
         [
-            [2 * (1 / 3) / (2 + EPS), up, up],
-            [2 * (-2 / 3) / (2 + EPS), down, 0.0],
-            [2 * (1 / 3) / (2 + EPS), 0.0, 2 * (-1 / 3) / (2 + EPS)],
-            [0.0, 2 * (-1 / 3) / (2 + EPS), down],
+            [2 * (1 / 3) / 2, up, up],
+            [2 * (-2 / 3) / 2, down, 0.0],
+            [2 * (1 / 3) / 2, 0.0, 2 * (-1 / 3) / 2],
+            [0.0, 2 * (-1 / 3) / 2, down],
         ],
     )
 
 
 def test_hgpo_history_zero_is_k_one_only():
-    # K = 0: only the anchor groups (k = 1, weight 2): A1 = 2·(2/3)/(2+ε), B1 = 2·(−1/3)/(2+ε), A2 = 2·(2/3)/(2+ε) …
+    # K = 0: only the anchor groups (k = 1, weight 2): A1 = 2/3, B1 = −1/3, A2 = 2/3 …
     _, adv = hgpo_advantages(*HISTORY, history=0, gamma=1.0, norm="mean")
-    w = 2 / (2 + EPS)
+    w = 1.0  # one item: its weight 2 cancels
     close(
         adv,
         [
@@ -81,12 +81,12 @@ def test_hgpo_history_zero_is_k_one_only():
 
 
 def test_hgpo_alpha_by_hand():
-    # α = 2: weights (k+1)² = 4 (k = 1), 9 (k = 2). A1 = (4·2/3 + 9·0.5)/(13+ε); A0 = 4·(1/3)/(4+ε) = (1/3)·4/(4+ε).
+    # α = 2: weights (k+1)² = 4 (k = 1), 9 (k = 2). A1 = (4·2/3 + 9·0.5)/13; A0 = 4·(1/3)/4 = 1/3.
     _, adv = hgpo_advantages(*HISTORY, history=2, alpha=2.0, gamma=1.0, norm="mean")
-    close(adv[0], [4 * (1 / 3) / (4 + EPS), (4 * 2 / 3 + 9 * 0.5) / (13 + EPS), (4 * 2 / 3 + 9 * 0.5) / (13 + EPS)])
-    # α = 0: uniform weights 1: A1 = (2/3 + 0.5)/(2+ε)
+    close(adv[0], [4 * (1 / 3) / 4, (4 * 2 / 3 + 9 * 0.5) / 13, (4 * 2 / 3 + 9 * 0.5) / 13])
+    # α = 0: uniform weights 1: A1 = (2/3 + 0.5)/2
     _, adv = hgpo_advantages(*HISTORY, history=2, alpha=0.0, gamma=1.0, norm="mean")
-    close(adv[0], [(1 / 3) / (1 + EPS), (2 / 3 + 0.5) / (2 + EPS), (2 / 3 + 0.5) / (2 + EPS)])
+    close(adv[0], [1 / 3, (2 / 3 + 0.5) / 2, (2 / 3 + 0.5) / 2])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -108,12 +108,12 @@ REPEATS = batch([1.0, 0.0, 1.0], [[1, 0, 1], [0, 0, 0], [0, 1, 1]], [[0, 0, 1], 
 
 def test_hgpo_mean_std_repeats_and_long_history_by_hand():
     s1, s2 = math.sqrt(0.1875), math.sqrt(2) / 3
-    a0 = 2 * (0.8 / (0.4 + EPS)) / (2 + EPS)
-    b = 2 * (-0.2 / (0.4 + EPS)) / (2 + EPS)
-    a2 = (2 * 0.25 / (s1 + EPS) + 3 * (1 / 3) / (s2 + EPS) + 4 * 0.5 / (0.5 + EPS)) / (9 + EPS)
-    b2 = (2 * (-0.75) / (s1 + EPS) + 3 * (-2 / 3) / (s2 + EPS) + 4 * (-0.5) / (0.5 + EPS)) / (9 + EPS)
-    c1 = (2 * 0.25 / (s1 + EPS) + 3 * (1 / 3) / (s2 + EPS)) / (5 + EPS)
-    c2 = 2 * 0.25 / (s1 + EPS) / (2 + EPS)
+    a0 = 2 * (0.8 / (0.4 + EPS)) / 2
+    b = 2 * (-0.2 / (0.4 + EPS)) / 2
+    a2 = (2 * 0.25 / (s1 + EPS) + 3 * (1 / 3) / (s2 + EPS) + 4 * 0.5 / (0.5 + EPS)) / 9
+    b2 = (2 * (-0.75) / (s1 + EPS) + 3 * (-2 / 3) / (s2 + EPS) + 4 * (-0.5) / (0.5 + EPS)) / 9
+    c1 = (2 * 0.25 / (s1 + EPS) + 3 * (1 / 3) / (s2 + EPS)) / 5
+    c2 = 2 * 0.25 / (s1 + EPS) / 2
     _, adv = hgpo_advantages(*REPEATS, history=2, alpha=1.0, gamma=0.0, norm="mean_std")
     close(adv, [[a0, b, a2], [b, b, b2], [b, c1, c2]])
 
@@ -123,10 +123,10 @@ def test_hgpo_mean_std_repeats_and_long_history_by_hand():
 #   group 0: P anchors [0], R 1, r [1]; Q anchors [0], R 0, r [0]
 #     episode rows {1, 0}: mean 0.5, sample σ √0.5 -> ±0.5/(√0.5+ε)
 #     k = 1, anchor 0 {1, 0}: population σ 0.5 -> ±0.5/(0.5+ε);  no k ≥ 2 groups (one step)
-#     base: P = (1·ep + 2·s)/(3+ε);  without base: P = 2·s/(2+ε)
+#     base: P = (1·ep + 2·s)/3;  without base: P = 2·s/2
 #   group 1: U anchors [7, 8], R 1, r [0, 1]; V anchors [9], R 0, r [0]
 #     episode rows U, U (1), V (0): mean 2/3, sample var (2/9 + 4/9)/2 = 1/3 -> U (1/3)/(√(1/3)+ε), V (−2/3)/(…)
-#     every hierarchy group is a singleton (anchors 7, 8, 9; window (7, 8)) -> only the base item: ep/(1+ε)
+#     every hierarchy group is a singleton (anchors 7, 8, 9; window (7, 8)) -> only the base item: ep
 # ---------------------------------------------------------------------------------------------------------------------
 BASE = batch([1.0, 0.0, 1.0, 0.0], [[1], [0], [0, 1], [0]], [[0], [0], [7, 8], [9]], [0, 0, 1, 1])
 
@@ -137,12 +137,29 @@ def test_hgpo_base_group_by_hand():
     s = 0.5 / (0.5 + EPS)
     episode, adv = hgpo_advantages(*BASE, gamma=0.5, norm="mean_std", base_group=True)
     close(episode, [ep0, -ep0, ep_u, ep_v])
-    p = (ep0 + 2 * s) / (3 + EPS)
-    close(adv, [[p, 0.0], [-p, 0.0], [ep_u / (1 + EPS), ep_u / (1 + EPS)], [ep_v / (1 + EPS), 0.0]])
+    p = (ep0 + 2 * s) / 3
+    close(adv, [[p, 0.0], [-p, 0.0], [ep_u, ep_u], [ep_v, 0.0]])
     # off (the default): the episode term is still returned, the advantages use the step groups only
     episode_off, adv_off = hgpo_advantages(*BASE, gamma=0.5, norm="mean_std")
     close(episode_off, [ep0, -ep0, ep_u, ep_v])
-    close(adv_off, [[2 * s / (2 + EPS), 0.0], [-2 * s / (2 + EPS), 0.0], [0.0, 0.0], [0.0, 0.0]])
+    close(adv_off, [[2 * s / 2, 0.0], [-2 * s / 2, 0.0], [0.0, 0.0], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize("alpha, history", [(22.0, 64), (100.0, 10), (100.0, 64), (-40.0, 2), (-100.0, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_hgpo_extreme_length_weights_by_hand(alpha, history, dtype):
+    # Issue 21: every α in [−100, 100] and K <= 64 the CLI accepts. Batch 1 (mean only, γ = 1): steps with one item
+    # keep it whatever its weight (A0 = 1/3, D1 = −1/3, ...); A1, B1, A2, D2 mix a k = 1 and a k = 2 item with
+    # weights 2^α and 3^α: (2^α·a1 + 3^α·a2)/(2^α + 3^α), in float64 here. Raw (K+2)^α weights overflowed float32
+    # (every step 0 at α = 22, K = 64) and ε swamped tiny ones (α = −40: A1 ≈ 1e−6 instead of ≈ 2/3).
+    mix = lambda a1, a2: (2.0**alpha * a1 + 3.0**alpha * a2) / (2.0**alpha + 3.0**alpha)  # noqa: E731
+    up, down = mix(2 / 3, 0.5), mix(-1 / 3, -0.5)
+    data = [t.to(dtype) if t.is_floating_point() else t for t in HISTORY]
+    _, adv = hgpo_advantages(*data, history=history, alpha=alpha, gamma=1.0, norm="mean")
+    expected = [[1 / 3, up, up], [-2 / 3, down, 0.0], [1 / 3, 0.0, -1 / 3], [0.0, -1 / 3, down]]
+    rtol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(adv, torch.tensor(expected, dtype=dtype), atol=1e-12, rtol=rtol)
+    assert adv.dtype == dtype
 
 
 def test_hgpo_bad_input_and_dtype():
@@ -241,5 +258,7 @@ def test_hgpo_matches_verl_agent_rows(data, gamma, mode, history, alpha, base, s
     expected = reference_hgpo(scores, returns, anchor_obs, index, traj_index, history, EPS, mode, alpha, base)
     norm = {"mean_std_norm": "mean_std", "mean_norm": "mean"}[mode]
     _, adv = hgpo_advantages(*data, history=history, alpha=alpha, gamma=gamma, norm=norm, base_group=base)
-    torch.testing.assert_close(adv[rows, steps], expected, atol=1e-7, rtol=1e-7)
+    # verl-agent divides by Σw + ε, we by Σw (deltattg.credit.hgpo): at α >= 0 every kept weight is >= 1, so ours is
+    # larger in magnitude by a relative ε/Σw <= ε.
+    torch.testing.assert_close(adv[rows, steps], expected, atol=1e-7, rtol=EPS)
     assert bool((adv[~mask] == 0).all())

@@ -15,10 +15,11 @@ import torch
 import yaml
 
 from deltattg.demo.cli import main
-from deltattg.demo.config import QUICK
-from deltattg.demo.config import DemoConfig
-from deltattg.demo.pipeline import Arm
-from deltattg.demo.report import label, percent
+from deltattg.regime.config import QUICK
+from deltattg.regime.config import RegimeConfig
+from deltattg.regime.stages import Arm
+from deltattg.demo.report import label
+from deltattg.report import percent
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 THREADS_BEFORE = torch.get_num_threads()
@@ -51,7 +52,7 @@ def test_report_and_every_plot_it_references_exist(demo):
 def test_report_shows_both_methods_numbers_from_their_metrics(demo):
     out, _ = demo
     report = (out / "report.md").read_text()
-    for arm in map(Arm.parse, DemoConfig().arms):
+    for arm in map(Arm.parse, RegimeConfig().arms):
         records = read_records(out / arm.folder)
         evals = [r for r in records if "eval/greedy_success" in r]
         assert [r["step"] for r in evals] == list(range(QUICK["steps"] + 1))  # eval every step, and before the first
@@ -73,7 +74,7 @@ def test_both_methods_start_from_one_actor_and_seed(demo):
 
 def test_console_summary_has_both_methods_and_the_guidance_table(demo):
     _, printed = demo
-    assert all(re.search(rf"^{re.escape(label(arm))}\s", printed, re.MULTILINE) for arm in DemoConfig().arms)
+    assert all(re.search(rf"^{re.escape(label(arm))}\s", printed, re.MULTILINE) for arm in RegimeConfig().arms)
     for condition in ("natural rollout (1)", "random selection (4)", "progress meter (4)"):
         assert condition in printed
 

@@ -147,6 +147,33 @@ def test_wrong_action_sequences_get_zero(task_id, corrupt):
     assert result.info["check"]["reward"] == 0.0
 
 
+def test_a_task_whose_right_outcome_is_no_change_is_won_without_acting():
+    """retail/65 (exchange the bookshelf for a camera no dearer than it): its gold actions only look the user and
+    the order up — no camera qualifies, so the right outcome is no exchange, the database unchanged — it has no
+    communicate info, and τ² scores it on DB and COMMUNICATE only, not on the actions taken. So τ²'s own evaluator
+    (which is what gives our reward) fully rewards a conversation without a single tool call, as a random policy
+    that only said "look" had one: the benchmark's verdict, not a fault of our reward. Changing the database loses."""
+    t = task("retail/65")
+    criteria = tau2_task(t).evaluation_criteria
+    assert sorted(criteria.reward_basis) == ["COMMUNICATE", "DB"] and not criteria.communicate_info
+    assert [a.name for a in criteria.actions] == ["find_user_id_by_name_zip", "get_user_details", "get_order_details"]
+    env = Tau2Env()
+    env.reset(t)
+    steps = 0
+    while not (result := env.step("look")).done:  # talk only, until the scripted user stops
+        steps += 1
+    assert result.won and result.info["termination"] == "user_stop" and steps == 5
+    assert result.info["check"]["db_check"]["db_match"] and result.info["check"]["reward_breakdown"] == {
+        "DB": 1.0, "COMMUNICATE": 1.0}  # fmt: skip
+    env.reset(t)
+    address = {"address1": "1 Elm Street", "address2": "", "city": "San Jose", "state": "CA", "country": "USA",
+               "zip": "95190"}  # fmt: skip
+    write = json.dumps({"name": "modify_user_address", "arguments": {"user_id": "james_kovacs_9247", **address}})
+    assert env.step(write).info["verified"]  # the address changed
+    result = env.step(f"Done. {STOP}")
+    assert result.done and not result.won and not result.info["check"]["db_check"]["db_match"]
+
+
 @pytest.mark.parametrize(
     "reply",
     ['{"name": "get_order_details", "arguments": ', '{"arguments": {}}', '[]', "", "   ",

@@ -5,8 +5,13 @@ folder of other settings, a malformed record or a bad option exit 2 with nothing
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,9 @@ import pytest
 from deltattg.cli import main
 from deltattg.data.sources import read_trajectory_file
 from deltattg.envs.base import Task
+from deltattg.errors import InputError
 from deltattg.rollout.evaluate import COLUMNS, EPISODES_FILE, RESULTS_JSON, RESULTS_MD, select_tasks
+from deltattg.rollout.output import LOCK_FILE, held_folder
 
 HOUSEHOLD = ["evaluate", "--env", "household", "--short", "--no-progress"]
 
@@ -279,6 +286,102 @@ def test_a_saved_model_folder_acts(tmp_path, one_torch_thread):
     played = sorted((r["group"], r["messages"]) for r in map(json.loads, lines(out)))
     assert played == sorted((r["group"], r["messages"]) for r in records)
     assert evaluate(out, *argv[:-4], "--temperature", "0.5") == 2
+
+
+def test_a_model_path_spelled_otherwise_resumes_the_same_run(tmp_path, monkeypatch, capsys):
+    """lm:DIR, lm:DIR/, lm:./DIR and the absolute path are one actor (resolved paths are compared), also against
+    records that spell it otherwise; a finished run loads no model, so a folder without one does here."""
+    folder = tmp_path / "actor"
+    folder.mkdir()
+    out = tmp_path / "lm"
+    out.mkdir()
+    record = json.loads(lines(finished_run(tmp_path))[0])
+    settings = {**record["evaluation"], "actor": "lm:actor/", "temperature": 1.0, "max_new_tokens": 8}
+    (out / EPISODES_FILE).write_text(json.dumps({**record, "evaluation": settings}) + "\n")  # one task, relative path
+    monkeypatch.chdir(tmp_path)
+    for spelled in ("lm:actor", "lm:actor/", "lm:./actor", f"lm:{folder}/", f"lm:{tmp_path}/./actor"):
+        assert evaluate(out, spelled, "--episodes", "1", "--seed", "1", "--max-new-tokens", "8") == 0, spelled
+        assert (results(out)["played"], results(out)["actor"]) == (0, f"lm:{folder.resolve()}")
+    assert evaluate(out, "lm:other", "--episodes", "1", "--seed", "1", "--max-new-tokens", "8") == 2
+    assert "actor 'lm:" in capsys.readouterr().err
+
+
+def finished_run(tmp_path: Path) -> Path:
+    """A household run of one episode (seed 1) in its own folder."""
+    out = tmp_path / "one"
+    assert evaluate(out, "expert:0.3", "--episodes", "1", "--seed", "1") == 0
+    return out
+
+
+def running_evaluation(out: Path) -> subprocess.Popen:
+    """``deltattg evaluate`` in another process, stopped (SIGSTOP) once it holds ``out``: its pid is in the lock."""
+    argv = [sys.executable, "-m", "deltattg", *HOUSEHOLD, "--actor", "expert:0.5", "--out", str(out)]
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lock = out / LOCK_FILE
+    deadline = time.monotonic() + 120
+    while not (lock.is_file() and lock.read_text().strip() == str(first.pid)):
+        assert first.poll() is None, first.stderr.read().decode()  # the 200 short tasks take seconds
+        assert time.monotonic() < deadline, "the first run never took the folder"
+        time.sleep(0.002)
+    os.kill(first.pid, signal.SIGSTOP)
+    return first
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_and_a_killed_runs_lock_blocks_nobody(tmp_path):
+    """Two real processes on one --out: the second exits 2 naming the first's pid and writes nothing; the first,
+    killed (SIGKILL: no cleanup), leaves its lock file behind, and a rerun resumes past it: every task exactly once."""
+    out = tmp_path / "run"
+    first = running_evaluation(out)
+    try:
+        before = snapshot(out)
+        second = subprocess.run([sys.executable, "-m", "deltattg", *HOUSEHOLD, "--actor", "expert:0.5", "--out",
+                                 str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        assert f"{out}: another run (pid {first.pid}) is writing to this folder" in second.stderr
+        assert "Traceback" not in second.stderr and snapshot(out) == before
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
+    assert (out / LOCK_FILE).is_file()  # stale: its holder is gone, and so is the flock
+    assert evaluate(out, "expert:0.5") == 0
+    report = results(out)
+    assert report["played"] + report["resumed"] == report["episodes"] == 200
+    assert len({json.loads(line)["group"] for line in lines(out)}) == len(lines(out)) == 200
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_the_folder_is_held_by_one_holder_at_a_time_and_left_as_found(tmp_path):
+    out = tmp_path / "a" / "b"
+    with held_folder(out):
+        assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())
+        with pytest.raises(InputError, match=f"another run \\(pid {os.getpid()}\\)"):
+            with held_folder(out):
+                pass
+        assert (out / LOCK_FILE).is_file()  # the refused one leaves the holder's lock alone
+    assert not (tmp_path / "a").exists()  # created empty, removed empty
+    with pytest.raises(RuntimeError), held_folder(out):
+        (out / "kept").write_text("x")
+        raise RuntimeError
+    assert [p.name for p in out.iterdir()] == ["kept"]
+
+
+@pytest.mark.parametrize("where", ["under a file", "/sys"])
+def test_an_unwritable_out_exits_2_before_any_work(where, tmp_path, capsys):
+    if where == "/sys":
+        if not Path("/sys/kernel").is_dir():
+            pytest.skip("no sysfs")
+        out = Path("/sys/deltattg-evaluate/out")
+    else:
+        (tmp_path / "file").write_text("keep")
+        out = tmp_path / "file" / "out"
+    assert evaluate(out, "expert", "--episodes", "2") == 2
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Traceback" not in err and "evaluate expert" not in err
+    assert not out.exists()
+    with pytest.raises(InputError, match="cannot"):  # the folder's own check, whatever ran before it
+        with held_folder(out):
+            pass
 
 
 # ---- the real environments --------------------------------------------------------------------------------------

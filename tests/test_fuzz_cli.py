@@ -1,9 +1,11 @@
 """Fuzzing the command line's bad-input contract: random bytes, random JSON values and random mutations of valid
-records (and random option values) fed to ``labels``, ``credit``, ``score``, ``eval-steps`` and ``collect``.
+records (and random option values) fed to ``labels``, ``credit``, ``score``, ``eval-steps``, ``collect``, ``inspect``
+and ``train-meter``.
 
 Whatever the input, a run ends with exit status 0 or 2 (``score`` also 3: no valid reading), never with an exception
-(a traceback), and its output is either absent (always so after a failure) or a complete JSONL file of objects; no
-temporary file is left behind. Commands run in-process (``deltattg.cli.main``) for speed.
+(a traceback), and its output is either absent (always so after a failure) or a complete JSONL file of objects (or
+``train-meter``'s whole meter folder); no temporary file is left behind. Commands run in-process
+(``deltattg.cli.main``) for speed.
 """
 
 from __future__ import annotations
@@ -329,3 +331,104 @@ def test_inspect(household, data):
         code = run(["inspect", str(src), "--out", str(out), "--tokenizer", str(tokenizer), *extra], folder,
                    [out / "inspect.json"])  # fmt: skip
         assert (code == 0) == (out / "inspect.json").is_file()
+
+
+# ---- guide's and evaluate's options (household short: small, fast runs) -----------------------------------------------
+FEW = settings(FUZZ, max_examples=EXPLORE or 30)  # each run plays episodes
+ACTORS = ["expert", "expert:0.5", "random", "expert:2", "lm:./no-such-model", "greedy", "reflexion:./no-such-model"]
+
+
+@FEW
+@given(data=st.data())
+def test_guide_options(household, data):
+    tokenizer, _ = household
+    extra = options(data, [("--actor", ACTORS, []),
+                           ("--episodes", ["1", "2", "50"], ["0", "-1", "x", "51", "1e3"]),
+                           ("--candidates", ["1", "3"], ["0", "-2", "65", "x"]),
+                           ("--max-turns", ["1", "4"], ["0", "-1", "1e3"]),
+                           ("--temperature", ["0", "1"], ["-1", "nan", "inf"]),
+                           ("--seed", ["0", "3"], ["-1", "x"]),
+                           ("--split", ["train", "valid_unseen"], ["nosuch", ""]),
+                           ("--tokenizer", [str(tokenizer)], ["./no-such-tok"])])  # fmt: skip
+    extra += [] if "--actor" in extra else ["--actor", "expert:0.5"]
+    extra += [] if "--episodes" in extra else ["--episodes", "2"]
+    extra += [] if "--max-turns" in extra else ["--max-turns", "3"]
+    extra += [] if "--tokenizer" in extra else ["--tokenizer", str(tokenizer)]
+    with scratch() as folder:
+        out = folder / data.draw(st.sampled_from(["guide.json", "new/guide.json"]))
+        code = run(["guide", "--env", "household", "--short", "--meter", "oracle", *extra, "--json", str(out),
+                    "--no-progress"], folder, [out])  # fmt: skip
+        assert (code == 0) == out.is_file()
+        if code == 0:
+            report = json.loads(out.read_text())
+            assert report["episodes"] == len(set(report["tasks"])) == int(extra[extra.index("--episodes") + 1])
+        else:
+            assert list(folder.iterdir()) == []
+
+
+@FEW
+@given(data=st.data())
+def test_evaluate_options(data):
+    extra = options(data, [("--actor", ACTORS, []),
+                           ("--episodes", ["1", "3", "50"], ["0", "-1", "x", "51", "1e3"]),
+                           ("--max-turns", ["1", "4"], ["0", "-1", "1e3"]),
+                           ("--temperature", ["0", "1"], ["-1", "nan", "inf"]),
+                           ("--seed", ["0", "3"], ["-1", "x"]),
+                           ("--threads", ["0", "1"], ["-1", "x"]),
+                           ("--split", ["valid_unseen", "valid_seen,valid_unseen"], ["nosuch", "valid_seen,"])])
+    extra += [] if "--actor" in extra else ["--actor", "expert:0.5"]
+    extra += [] if "--episodes" in extra else ["--episodes", "2"]
+    extra += [] if "--max-turns" in extra else ["--max-turns", "3"]
+    extra += [] if "--split" in extra else ["--split", "valid_unseen"]
+    with scratch() as folder:
+        out = folder / data.draw(st.sampled_from(["run", "new/run"]))
+        code = run(["evaluate", "--env", "household", "--short", *extra, "--out", str(out), "--no-progress"], folder,
+                   [out])  # fmt: skip
+        if code == 0:
+            episodes = (out / "episodes.jsonl").read_text(encoding="utf-8").splitlines()
+            groups = {json.loads(line)["group"] for line in episodes}
+            report = json.loads((out / "results.json").read_text())
+            assert len(groups) == len(episodes) == report["episodes"] == int(extra[extra.index("--episodes") + 1])
+            assert sorted(p.name for p in out.iterdir()) == ["episodes.jsonl", "results.json", "results.md"]
+        else:
+            assert list(folder.iterdir()) == []  # nothing written: no folder, no lock file
+
+
+# ---- train-meter (a tiny regression backbone, one head epoch: a run costs about a second) ----------------------
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory):
+    """The backbone folder of a tiny saved regression meter (what ``--model`` reads)."""
+    from test_meter_regression import tiny_meter
+
+    folder = tmp_path_factory.mktemp("meter")
+    tiny_meter().save_pretrained(folder)
+    return folder / "backbone"
+
+
+@settings(FUZZ, max_examples=EXPLORE or 25)
+@given(data=st.data())
+def test_train_meter(household, backbone, data):
+    tokenizer, pool = household
+    lines = data.draw(inputs(pool[:3]))
+    extra = options(data, [("--max-length", ["48", "512"], ["0", "-3", "x"]),
+                           ("--batch-size", ["4"], ["0", "x"]),
+                           ("--ensemble", ["2"], ["0", "-1"]),
+                           ("--layer", ["1", "2"], ["0", "3", "x"]),  # 3: beyond the backbone's 2 layers
+                           ("--calibration-fraction", ["0.5"], ["0.9", "-0.1", "nan"]),
+                           ("--turn-limit", ["auto", "none", "6"], ["0", "-1", "x"]),
+                           ("--pooling", ["last+mean"], ["bogus"]),
+                           ("--target", ["score"], ["bogus"]),
+                           ("--lr", ["0.01"], ["0", "nan", "-1"]),
+                           ("--seed", ["3"], ["-1", "x"]),
+                           ("--tokenizer", [str(tokenizer)], ["./no-such-tok"]),
+                           ("--kind", [], ["generative", "bogus"]),  # generative: refused (--head-epochs is given)
+                           ("--stage", [], ["sft"]),  # a generative meter's option
+                           ("--split", [], ["./no-such-split.json"]),
+                           ("--skip-invalid", [SWITCH], [])])
+    with scratch() as folder:
+        src, out = write_input(folder / "in.jsonl", lines), folder / "meter"
+        code = run(["train-meter", str(src), "--out", str(out), "--model", str(backbone), "--head-epochs", "1",
+                    *extra], folder, [out])  # fmt: skip
+        assert (code == 0) == out.exists() and not (folder / ".meter.partial").exists()
+        if code == 0:
+            assert {"meter_config.json", "head.pt", "train_report.json"} <= {p.name for p in out.iterdir()}

@@ -93,6 +93,32 @@ def test_bad_options_exit_2_and_write_nothing(change, tokenizer, tmp_path, capsy
     assert capsys.readouterr().out == ""
 
 
+def test_more_episodes_than_tasks_is_refused_as_evaluate_refuses_it(tokenizer, tmp_path, capsys):
+    """Each task is played once: 51 episodes of the 50 short valid_unseen tasks exit 2 with `evaluate`'s message
+    (they used to play 36 distinct tasks, some three times, and report 51 tasks); 50 play every task once."""
+    argv = ["guide", "--env", "household", "--short", "--split", "valid_unseen", "--actor", "expert", "--meter",
+            "oracle", "--candidates", "1", "--tokenizer", str(tokenizer), "--max-turns", "1"]  # fmt: skip
+    out = tmp_path / "guide.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--episodes", "51", "--json", str(out)])
+    assert exit_info.value.code == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "--episodes 51: the split has only 50 tasks (each is played once)" in err and "rollout" not in err
+    assert main([*argv, "--episodes", "50", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["episodes"] == len(set(report["tasks"])) == 50
+
+
+@pytest.mark.parametrize("target", ["/sys/deltattg-guide.json", "/proc/deltattg-guide.json"])
+def test_an_unwritable_json_is_refused_before_any_episode(target, tokenizer, capsys):
+    if not Path(target).parent.is_dir():
+        pytest.skip(f"no {Path(target).parent}")
+    code = main([*GUIDE[:-4], "--tokenizer", str(tokenizer), "--episodes", "2", "--json", target])  # bars shown
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{target}: cannot write" in err and "rollout" not in err and "Traceback" not in err
+
+
 class AvoidingMeter:
     """A scripted meter: a history whose last observation names ``avoid`` cannot be completed (cost C); otherwise the
     remaining work is read as the length of that observation."""

@@ -169,3 +169,175 @@ def test_train_meter_marks_the_turns_left_calibrates_and_the_trainer_checks_the_
     assert "trained on episodes of 6 turns" in capsys.readouterr().err and not (tmp_path / "run" / "metrics.jsonl").exists()
     with pytest.raises(SystemExit):  # argparse refuses a fraction that would hold out most of the tasks
         main(["train-meter", str(src), "--out", str(tmp_path / "x"), "--calibration-fraction", "0.9", *common])
+
+
+# ---- train-meter, eval-meter and score on hostile input (issue 21) ----------------------------------------------
+def exit_code(argv: list[str]) -> int:
+    """``main``'s exit status, usage errors (argparse's ``SystemExit``) included."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+def apb_file(folder, count: int = 6):
+    src = folder / "apb.jsonl"
+    src.write_text("".join(json.dumps(apb_record(i, i % 2 == 0, 1 + i % 3)) + "\n" for i in range(count)))
+    return src
+
+
+def files_under(folder) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_train_meter_never_writes_into_its_model_or_tokenizer(tmp_path, meter_dir, capsys):
+    """``--out`` naming the --model (or --tokenizer) folder, a folder inside it or one holding it is refused before any
+    work, and the model is left byte for byte as it was."""
+    import shutil
+
+    model, tokenizer = tmp_path / "models" / "base", tmp_path / "tok"
+    shutil.copytree(meter_dir / "backbone", model)
+    shutil.copytree(meter_dir / "backbone", tokenizer)
+    src = apb_file(tmp_path)
+    before = files_under(tmp_path)
+    for out, option in ((model, "--model"), (model / "meter", "--model"), (model.parent, "--model"),
+                        (tokenizer, "--tokenizer")):  # fmt: skip
+        assert exit_code(["train-meter", str(src), "--out", str(out), "--model", str(model), "--tokenizer",
+                          str(tokenizer), "--head-epochs", "1"]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert f"the {option} folder" in err and "training" not in err, err
+        assert files_under(tmp_path) == before
+    assert exit_code(["train-meter", str(src), "--out", str(src), "--model", str(model)]) == 2  # --out is the data
+    assert "also an input" in capsys.readouterr().err and files_under(tmp_path) == before
+
+
+def test_an_interrupted_train_meter_leaves_no_meter_and_the_next_run_resumes(tmp_path, meter_dir, capsys,
+                                                                           monkeypatch):
+    """Ctrl-C while the head trains: exit 130, no --out at all (the features computed so far wait in the work folder
+    next to it), and the same command then reuses them and publishes the whole meter; ``score`` names what a folder
+    that is not a whole meter lacks."""
+    from deltattg.meter import train_regression as training
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    src, out, work = apb_file(tmp_path), tmp_path / "meter", tmp_path / ".meter.partial"
+    argv = ["train-meter", str(src), "--out", str(out), "--model", str(meter_dir / "backbone"), "--head-epochs", "1"]
+    monkeypatch.setattr(training, "train_head_on_features", interrupted)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert not out.exists() and (work / "features.pt").is_file() and f"kept in {work}" in err
+    cached = (work / "features.pt").stat().st_mtime_ns
+    monkeypatch.undo()
+    assert main(argv) == 0
+    assert not work.exists() and {p.name for p in out.iterdir()} == {"features.pt", "head.pt", "meter_config.json",
+                                                                     "train_report.json"}  # fmt: skip
+    assert (out / "features.pt").stat().st_mtime_ns == cached  # read again, not recomputed
+    # Retraining into the meter's folder replaces its files, keeps the others and reads the features again.
+    (out / "notes.txt").write_text("mine")
+    head = (out / "head.pt").read_bytes()
+    assert main([*argv, "--seed", "1"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "head.pt").read_bytes() != head and not work.exists()
+    assert (out / "features.pt").stat().st_mtime_ns == cached
+    # Folders that are not a whole meter: what an interrupted run used to leave, and a meter without its head.
+    half, headless = tmp_path / "half", tmp_path / "headless"
+    half.mkdir()
+    headless.mkdir()
+    (half / "features.pt").write_bytes((out / "features.pt").read_bytes())
+    (headless / "meter_config.json").write_text((out / "meter_config.json").read_text())
+    capsys.readouterr()
+    for folder, message in ((half, "not a meter: no meter_config.json (nor an HF model's config.json); it holds "
+                                   "features.pt: a train-meter run that did not finish"),
+                            (headless, "not a complete meter: no head.pt")):
+        scored = tmp_path / "scored.jsonl"
+        assert exit_code(["score", str(src), "--meter", str(folder), "--out", str(scored), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"{folder}: {message}" in err and not scored.exists(), err
+
+
+def test_train_meter_refuses_an_unwritable_out_before_any_work(tmp_path, meter_dir, capsys):
+    src = apb_file(tmp_path)
+    for out in (src / "meter", "/proc/deltattg-meter"):  # under a file; somewhere nobody can create a folder
+        assert main(["train-meter", str(src), "--out", str(out), "--model", str(meter_dir / "backbone")]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: cannot write" in err and "training" not in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["apb.jsonl"]
+
+
+def test_train_meter_checks_every_option_before_it_says_or_writes_anything(tmp_path, meter_dir, capsys):
+    """Options of the other kind of meter, a prompt budget below the generative meter's instruction and a GRPO batch
+    that is not a multiple of its group: exit 2, no "training" line, nothing written."""
+    from test_meter_generative import tiny_meter as tiny_generative
+
+    src = apb_file(tmp_path)
+    generative = tmp_path / "generative"
+    tiny_generative().save_pretrained(generative)
+    backbone = str(meter_dir / "backbone")
+    cases = [(["--model", backbone, "--stage", "sft"], "--stage trains a generative meter"),
+             (["--model", backbone, "--lora"], "--lora trains a generative meter"),
+             (["--kind", "generative", "--model", str(generative), "--ensemble", "2", "--head-epochs", "3"],
+              "--ensemble, --head-epochs train a regression meter"),
+             (["--kind", "generative", "--model", str(generative), "--calibration-fraction", "0.3"],
+              "--calibration-fraction trains a regression meter"),
+             (["--kind", "generative", "--model", str(generative), "--max-length", "5"], "cannot hold even the meter"),
+             (["--kind", "generative", "--model", str(generative), "--stage", "sft+grpo", "--batch-size", "3"],
+              "must be divisible by num_generations")]  # fmt: skip
+    before = files_under(tmp_path)
+    for extra, message in cases:
+        assert exit_code(["train-meter", str(src), "--out", str(tmp_path / "meter"), *extra]) == 2
+        out, err = capsys.readouterr()
+        assert message in err and "training" not in out + err, (extra, err)
+        assert files_under(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["apb.jsonl",
+                                                                                                 "generative"]
+
+
+def test_a_generative_meter_is_published_whole(tmp_path, capsys):
+    from test_meter_generative import tiny_meter as tiny_generative
+
+    src = apb_file(tmp_path, 2)
+    generative = tmp_path / "generative"
+    tiny_generative().save_pretrained(generative)
+    out = tmp_path / "meter"
+    assert main(["train-meter", str(src), "--out", str(out), "--kind", "generative", "--model", str(generative),
+                 "--stage", "sft", "--max-length", "256", "--batch-size", "4"]) == 0  # fmt: skip
+    assert "training a generative meter on 2 trajectories" in capsys.readouterr().err
+    assert {"meter_config.json", "config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    assert not (tmp_path / ".meter.partial").exists()
+
+
+def test_eval_meter_and_score_refuse_input_without_states_and_an_unwritable_output_up_front(tmp_path, meter_dir,
+                                                                                             capsys):
+    empty = tmp_path / "no-actions.jsonl"
+    empty.write_text(json.dumps({"id": "a", "group": "g", "reward": 0, "success": False, "step_tokens": [],
+                                 "messages": [{"role": "user", "content": "go"}]}) + "\n")
+    common = ["--meter", str(meter_dir), "--tokenizer", str(meter_dir / "backbone"), "--no-progress"]
+    assert main(["eval-meter", str(empty), *common]) == 2
+    out, err = capsys.readouterr()
+    assert f"{empty}: no decision state to read" in err and "nan" not in out, err
+    src = apb_file(tmp_path)
+    for target in (src / "fit.json", "/proc/deltattg-fit/fit.json"):
+        assert main(["eval-meter", str(src), *common, "--json", str(target)]) == 2
+        out, err = capsys.readouterr()
+        assert f"{target}: cannot write" in err and "completion accuracy" not in out, err
+        # score too: refused before its meter is even looked for
+        assert main(["score", str(src), "--meter", str(tmp_path / "no-meter"), "--out", str(target)]) == 2
+        assert f"{target}: cannot write" in capsys.readouterr().err
+
+
+def test_a_meter_reading_nan_everywhere_measures_nothing(tmp_path, capsys):
+    """A head that outputs NaN reads every state as invalid: ``score`` writes nothing (exit 3) and ``eval-meter``
+    prints no NaN percentages (exit 3), both saying why."""
+    import torch
+
+    meter = tiny_meter()
+    with torch.no_grad():
+        meter.head.net[-1].bias[0] = float("nan")
+    folder = tmp_path / "nan-meter"
+    meter.save_pretrained(folder)
+    src = apb_file(tmp_path)
+    common = ["--meter", str(folder), "--tokenizer", str(folder / "backbone"), "--no-progress"]
+    assert main(["score", str(src), "--out", str(tmp_path / "scored.jsonl"), *common]) == 3
+    assert "no valid reading" in capsys.readouterr().err and not (tmp_path / "scored.jsonl").exists()
+    assert main(["eval-meter", str(src), "--json", str(tmp_path / "fit.json"), *common]) == 3
+    out, err = capsys.readouterr()
+    assert f"every state of {src} as null" in err and "nan" not in out and not (tmp_path / "fit.json").exists()

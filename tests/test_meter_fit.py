@@ -10,7 +10,7 @@ import pytest
 
 from conftest import collect_household, save_household_tokenizer
 from deltattg.cli import main
-from deltattg.meter.fit import spearman
+from deltattg.ranks import spearman
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,26 @@ def test_readings_carry_the_calibrated_probability():
     assert [r.can_complete for r in scaled] == [r.logit > 0 for r in scaled]  # a temperature never moves b̂
     with pytest.raises(ValueError, match="temperature"):
         meter.set_temperature(0.0)
+
+
+def test_a_nan_from_the_head_is_an_invalid_reading_and_extremes_are_clamped():
+    """A NaN head output is an invalid reading (None, as an unparseable generative answer is), never a ValueError;
+    saturated outputs are clamped to what a record may hold (|logit| ≤ 1e9, v̂ ≤ 1e12): a reading always writes."""
+    import math
+
+    from deltattg.data.trajectory import MeterOutput
+    from deltattg.meter.regression import readings_from_head
+
+    meter = tiny_meter()
+    with torch.no_grad():
+        meter.head.net[-1].bias[1] = float("nan")  # the value output of every state
+    messages = episode(3, 2, random.Random(0))
+    assert meter.score_trajectories([messages]) == [[None, None, None]] and meter.score([messages]) == [None]
+    nan, inf = float("nan"), float("inf")
+    assert readings_from_head(torch.tensor([[0.5, nan], [nan, 1.0]])) == [None, None]
+    assert readings_from_head(torch.tensor([[nan, 0.5]]), "score") == [None]
+    big, small = readings_from_head(torch.tensor([[1e12, 100.0], [-inf, -inf]]))
+    assert big == MeterOutput(can_complete=True, tokens_to_go=1e12, logit=1e9, probability=1.0)
+    assert small == MeterOutput(can_complete=False, tokens_to_go=0.0, logit=-1e9, probability=0.0)
+    assert readings_from_head(torch.tensor([[inf, -1e30]]), "score") == [MeterOutput(logit=1e9, score=-1e9)]
+    assert all(math.isfinite(v) for r in (big, small) for v in r.to_json().values() if not isinstance(v, bool))

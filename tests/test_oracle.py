@@ -191,3 +191,38 @@ def test_records_that_do_not_replay_are_refused_with_file_and_line(tmp_path, tok
     assert not (tmp_path / "o.jsonl").exists()
     items, _ = read_trajectories(pool)
     assert replay(items[0].trajectory).max_turns == CONFIG.max_steps
+
+
+def test_a_turn_limit_below_the_records_own_actions_is_refused(tmp_path, tokenizer_dir, capsys):
+    """No episode outlives its turn limit: a successful record of T actions claiming a limit under T (which would read
+    every one of its states "cannot complete") is refused with its file, line and field; a limit of exactly T reads."""
+    records = read_jsonl(collect(tmp_path, "expert", 4))
+    actions = [sum(m["role"] == "assistant" for m in r["messages"]) for r in records]
+    k = max(range(len(records)), key=lambda i: actions[i])
+    assert records[k]["success"] and actions[k] >= 3
+    for limit, code in ((actions[k] - 1, 2), (actions[k], 0)):
+        changed = {**records[k], "env": {**records[k]["env"], "max_turns": limit}}
+        path, out = tmp_path / f"limit{limit}.jsonl", tmp_path / f"scored{limit}.jsonl"
+        write_jsonl(path, [records[(k + 1) % len(records)], changed])  # the record on line 2
+        assert main(["score", str(path), "--meter", "oracle", "--tokenizer", str(tokenizer_dir), "--out", str(out),
+                     "--no-progress"]) == code  # fmt: skip
+        err = capsys.readouterr().err
+        if code:
+            assert f"{path}:2: env.max_turns: a turn limit of {limit} is smaller than the record's own" in err, err
+            assert not out.exists()
+        else:
+            assert all(r["can_complete"] for r in read_jsonl(out)[1]["meter"])
+
+
+def test_actions_given_as_content_parts_replay_like_plain_text():
+    """An assistant ``content`` that is a list of parts (valid OpenAI chat) replays to the same states as plain text
+    (it was read as ``str(list)``, an unknown command, so the replay diverged)."""
+    from dataclasses import replace
+
+    make_env = lambda: HouseholdEnv(CONFIG)  # noqa: E731
+    trajectories = run_episodes(make_env, make_env().tasks("train")[:4], NoisyExpertPolicy(0.3, seed=2), max_turns=8)
+    for trajectory in trajectories:
+        parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} if m["role"] == "assistant" else m
+                 for m in trajectory.messages]  # fmt: skip
+        assert replay(replace(trajectory, messages=parts)).states == replay(trajectory).states
+        assert len(replay(trajectory).states) == trajectory.num_steps + 1

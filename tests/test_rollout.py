@@ -174,3 +174,67 @@ def test_prefix_cache_finds_the_longest_shared_prefix_and_keeps_the_most_recent(
     cache.store([5, 6], Cache(2))  # [1, 2, 9] was used least recently: dropped
     assert list(cache.entries) == [(1, 2, 3, 4), (5, 6)]
     assert common_prefix([1, 2, 3], [1, 2]) == 2 and common_prefix([], [1]) == 0
+
+
+# ---- the random policy in tool environments (BFCL, τ²): tool calls, not "look" ---------------------------------------
+def called_names(env_name: str, reply: str) -> list[str] | None:
+    """The tools a reply calls in its environment's action format (None: a call-free reply)."""
+    if env_name == "bfcl":
+        from deltattg.envs.bfcl import parse_calls
+
+        return [call.func.id for call in parse_calls(reply)] or None
+    from deltattg.envs.tau2 import parse_action, requested_user_calls, user_tools
+
+    return [name for name, _ in parse_action(reply) or requested_user_calls(reply, user_tools("telecom"))] or None
+
+
+@pytest.mark.parametrize("env_name, split, package", [("bfcl", "base", "bfcl_eval"), ("bfcl", "miss_func", "bfcl_eval"),
+                                                      ("tau2", "retail", "tau2"), ("tau2", "telecom", "tau2")])
+def test_random_calls_the_tools_of_a_tool_environment(env_name, split, package):
+    """No admissible list there: the random policy calls the task's tools with arguments drawn from their schemas (some
+    run, some fail) and sometimes replies without a call (closes the turn, talks to the user); it never says "look"
+    (which BFCL took as the end of every turn and τ² as a message to the user). Deterministic given its seed."""
+    pytest.importorskip(package)
+    from deltattg.envs.registry import env_factory
+
+    make_tool_env = env_factory(env_name)
+    tasks = list(make_tool_env().tasks(split))[:4]
+    trajectories = run_episodes(make_tool_env, tasks, RandomPolicy(seed=0), max_turns=12, progress=False)
+    again = run_episodes(make_tool_env, tasks, RandomPolicy(seed=0), max_turns=12, progress=False)
+    assert [t.messages for t in trajectories] == [t.messages for t in again]
+    probe = make_tool_env()
+    for trajectory, task in zip(trajectories, tasks):
+        probe.reset(task)
+        tools = {tool["name"] for tool in probe.tool_schemas()}
+        if split == "miss_func":  # the tools a later turn adds count once they are shown
+            tools |= {doc["name"] for docs in task.data["entry"]["missed_function"].values() for doc in docs}
+        replies = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+        calls = [called_names(env_name, reply) for reply in replies]
+        assert "look" not in replies
+        assert all(reply in probe.plain_replies() for reply, names in zip(replies, calls) if names is None)
+        assert {name for names in calls if names for name in names} <= tools
+    verified = [step.verified for t in trajectories for step in t.steps]
+    assert True in verified and False in verified and None in verified
+
+
+def test_arguments_follow_the_schema():
+    import random
+
+    from deltattg.rollout.random_calls import Seen, sample_arguments
+
+    schema = {"type": "object", "required": ["order_id", "count", "kind", "items", "maybe"],
+              "properties": {"order_id": {"type": "string"}, "count": {"type": "integer"},
+                             "kind": {"enum": ["a", "b"]}, "items": {"type": "array", "items": {"$ref": "#/$defs/I"}},
+                             "maybe": {"anyOf": [{"type": "null"}, {"type": "boolean"}]},
+                             "extra": {"type": "number"}},
+              "$defs": {"I": {"type": "object", "required": ["x"],
+                              "properties": {"x": {"type": "number"}}}}}  # fmt: skip
+    seen = Seen.of(["Your order #W123 has 3 items."])
+    assert "#W123" in seen.words and 3 in seen.numbers
+    drawn = [sample_arguments(schema, random.Random(k), seen) for k in range(50)]
+    for args in drawn:
+        assert {"order_id", "count", "kind", "items", "maybe"} <= set(args) <= set(schema["properties"])
+        assert args["order_id"] in seen.words and isinstance(args["count"], int) and args["kind"] in ("a", "b")
+        assert isinstance(args["maybe"], bool) and all(isinstance(item["x"], (int, float)) for item in args["items"])
+    assert any("extra" in args for args in drawn) and any("extra" not in args for args in drawn)
+    assert any(args["order_id"] == "#W123" for args in drawn)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from deltattg import __version__
 from deltattg.command import (
     EXIT_NO_READING,
     UsageError,
     failure_cost,
-    multiplier_cap,
     number,
     positive_float,
     positive_int,
@@ -26,9 +26,14 @@ from deltattg.command import (
 )
 from deltattg.errors import InputError
 
+if TYPE_CHECKING:
+    from deltattg.credit import CreditConfig
+    from deltattg.credit.registry import Option
+
 def _check_out(out: str | None, *inputs: str | None, folder: bool = False) -> None:
     """Refuse, before any work, an ``--out`` that is one of the command's inputs (compared as resolved paths, so
-    ``./x`` and ``x`` and links are the same file), a folder where a file is written, or a file where a folder is."""
+    ``./x`` and ``x`` and links are the same file), a folder where a file is written, a file where a folder is, or a
+    place that cannot be written (a read-only file system, a missing permission)."""
     import os
     from pathlib import Path
 
@@ -44,73 +49,70 @@ def _check_out(out: str | None, *inputs: str | None, folder: bool = False) -> No
             same = os.path.samefile(path, target)
         if same:
             raise UsageError(f"--out {out} is also an input ({source}): refusing to overwrite it")
+    from deltattg.data.jsonl import check_output_file, check_writable
+
     if folder:
         if target.exists() and not target.is_dir():
             raise InputError("exists and is not a folder (this command writes a folder)", path=out)
     else:
-        from deltattg.data.jsonl import check_output_file
-
         check_output_file(target)
+    check_writable(target, folder=folder)  # an unwritable place is refused here, not after the work
 
 
-def add_mixing_options(parser: argparse.ArgumentParser, config: type) -> None:
-    """``--rho`` and ``--cap`` with ``CreditConfig``'s defaults (one home for them)."""
-    parser.add_argument("--rho", type=probability, default=config.rho,
-                        help="uniform mixing ρ (Eq. 10), default %(default)s")
-    parser.add_argument("--cap", type=multiplier_cap, default=config.cap,
-                        help="token multiplier cap M >= 1 (D.4), default %(default)s")
+def add_credit_options(parser: argparse.ArgumentParser) -> None:
+    """Every setting of the estimators that run on records, built from their registry ``Option`` records (flag,
+    domain, help; the default is ``CreditConfig``'s): one argument group per set of methods that read the same
+    settings, and ε, which all read."""
+    from deltattg.credit.registry import EPSILON
+
+    groups: dict[tuple[str, ...], list[Option]] = {}
+    for option, methods in record_options().items():
+        groups.setdefault(methods, []).append(option)
+    for methods, options in groups.items():
+        group = parser.add_argument_group(f"read by {', '.join(methods)}")
+        for option in options:
+            add_option(group, option)
+    add_option(parser, EPSILON)
 
 
-def add_step_group_options(parser: argparse.ArgumentParser, config: type) -> None:
-    """GiGPO's and HGPO's settings, with ``CreditConfig``'s defaults (verl-agent's)."""
-    group = parser.add_argument_group("gigpo / hgpo")
-    group.add_argument("--gamma", type=probability, default=config.gamma,
-                       help="discount of the per-step returns, default %(default)s")
-    group.add_argument("--step-weight", type=number(float, low=-1e6, high=1e6), default=config.step_weight,
-                       help="GiGPO's ω: A = episode + ω·step, default %(default)s")
-    group.add_argument("--norm", choices=["mean_std", "mean"], default=config.norm,
-                       help="group normalisation (verl-agent's mean_std_norm / mean_norm), default %(default)s")
-    group.add_argument("--history", type=number(int, low=0, high=64), default=config.history,
-                       help="HGPO's K: groups over the last k = 1..K+1 anchor observations, default %(default)s")
-    group.add_argument("--alpha", type=number(float, low=-100, high=100), default=config.alpha,
-                       help="HGPO's length weight exponent, w_k ∝ (k+1)^α, default %(default)s")
-    group.add_argument("--base-group", action="store_true", help="HGPO: add the episode term as a k = 0 item")
+def record_options() -> dict[Option, tuple[str, ...]]:
+    """The settings of the estimators that run on records (not those only ``deltattg train`` runs), each with the
+    methods that read it, in registry order."""
+    from deltattg.credit import available_estimators, get_estimator
+
+    readers: dict[Option, tuple[str, ...]] = {}
+    for name in available_estimators():
+        estimator = get_estimator(name)
+        if estimator.records_problem() is None:
+            for option in estimator.options:
+                readers[option] = (*readers.get(option, ()), name)
+    return readers
 
 
-def add_robust_options(parser: argparse.ArgumentParser, config: type) -> None:
-    """deltattg_robust's settings (ours), with ``CreditConfig``'s defaults: the recommended configuration."""
-    group = parser.add_argument_group("deltattg_robust (ours; the defaults are the recommended configuration)")
-    group.add_argument("--soft", action=argparse.BooleanOptionalAction, default=config.soft,
-                       help="soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the meter's calibrated probability p̃ "
-                       "(records: meter[].probability; b̂ where absent), default %(default)s")
-    group.add_argument("--hindsight", action=argparse.BooleanOptionalAction, default=config.hindsight,
-                       help="p̃ = 1 on every state of a successful trajectory, default %(default)s")
-    group.add_argument("--smooth", type=number(int, low=1, high=99), default=config.smooth, metavar="K",
-                       help="running median of K states (odd) over the cost trace, 1: none; default %(default)s")
-    group.add_argument("--share-cap", type=multiplier_cap, default=config.share_cap, metavar="KAPPA",
-                       help="no step's share exceeds KAPPA/T (1: GRPO's uniform shares), default %(default)s")
-    group.add_argument("--trust", choices=["auc", "none"], default=config.trust,
-                       help="auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ against the outcomes of "
-                       "the batch's queried states; default %(default)s")
+def add_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, option: Option) -> None:
+    """``option``'s flag: ``--flag`` / ``--no-flag`` for a bool, its ``choices`` for a word, a number in its domain
+    (refused at parse time otherwise) for the rest."""
+    shown = "" if option.default is None else ", default %(default)s"
+    if option.kind is bool:
+        parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=option.default,
+                            help=option.help + shown)
+    elif option.choices:
+        parser.add_argument(option.flag, choices=option.choices, default=option.default, help=option.help + shown)
+    else:
+        parse = number(option.kind, low=option.low, high=option.high, low_open=option.low_open)
+        parser.add_argument(option.flag, type=parse, default=option.default, metavar=option.metavar,
+                            help=option.help + shown)
 
 
-def robust_settings(args: argparse.Namespace) -> dict:
-    """The ``CreditConfig`` fields of :func:`add_robust_options`."""
-    return {"soft": args.soft, "hindsight": args.hindsight, "smooth": args.smooth, "share_cap": args.share_cap,
-            "trust": args.trust}
+def credit_config(args: argparse.Namespace) -> CreditConfig:
+    """The ``CreditConfig`` of :func:`add_credit_options`' settings (a usage error when they do not fit together)."""
+    from deltattg.credit import CreditConfig
+    from deltattg.credit.registry import EPSILON
 
-
-def add_information_gain_options(parser: argparse.ArgumentParser, config: type) -> None:
-    """IGPO's and A²TGPO's settings, with ``CreditConfig``'s defaults (issue 11's γ = 1, α = β = 0.3)."""
-    group = parser.add_argument_group("igpo / a2tgpo (records need answer_logprobs: T + 1 numbers <= 0)")
-    group.add_argument("--ig-gamma", type=probability, default=config.ig_gamma,
-                       help="discount of the accumulated information gains, default %(default)s")
-    group.add_argument("--ig-alpha", type=number(float, low=0, high=1e12), default=config.ig_alpha,
-                       help="A²TGPO's α: A_k = α·D_k + Â_out, default %(default)s")
-    group.add_argument("--ig-beta", type=probability, default=config.ig_beta,
-                       help="A²TGPO's β: turn clip factor c_k = 1 + β(2σ(ĨG_k) − 1), default %(default)s")
-    group.add_argument("--ig-log", action="store_true",
-                       help="information gain in log-probability (log p_t − log p_{t−1}) instead of p_t − p_{t−1}")
+    try:
+        return CreditConfig(**{option.name: getattr(args, option.name) for option in (*record_options(), EPSILON)})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _add_tokenizer(parser: argparse.ArgumentParser) -> None:
@@ -223,20 +225,11 @@ def cmd_labels(args: argparse.Namespace) -> int:
 
 def cmd_credit(args: argparse.Namespace) -> int:
     """Assign per-step credit with a registered estimator."""
-    from deltattg.credit import CreditConfig
+    from deltattg.credit import get_estimator
     from deltattg.credit.records import assign_credit
     from deltattg.data.jsonl import write_jsonl
 
-    from deltattg.credit import get_estimator
-
-    try:
-        config = CreditConfig(rho=args.rho, cap=args.cap, failure_cost=args.failure_cost, epsilon=args.epsilon,
-                              gamma=args.gamma, step_weight=args.step_weight, norm=args.norm, history=args.history,
-                              alpha=args.alpha, base_group=args.base_group, ig_gamma=args.ig_gamma,
-                              ig_alpha=args.ig_alpha, ig_beta=args.ig_beta, ig_log=args.ig_log,
-                              **robust_settings(args))  # fmt: skip
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = credit_config(args)
     problem = get_estimator(args.method).records_problem()  # it reads what no record carries (DelTA's hidden states)
     if problem is not None:
         raise UsageError(problem)
@@ -255,23 +248,48 @@ def cmd_credit(args: argparse.Namespace) -> int:
     return 0
 
 
+GENERATIVE_STAGE = "sft+grpo"  # train-meter --stage's default
+
+
+def _kind_options() -> dict[str, tuple[str, str, object]]:
+    """``--option -> (the kind it trains, its attribute, its default)`` for ``train-meter``'s one-kind options."""
+    from deltattg.meter.regression import RegressionConfig
+    from deltattg.meter.train_regression import RegressionTrainConfig
+
+    regression = {"--target": ("target", RegressionConfig.target),
+                  "--ensemble": ("ensemble", RegressionConfig.ensemble), "--layer": ("layer", RegressionConfig.layer),
+                  "--calibration-fraction": ("calibration_fraction", 0.0),
+                  "--pooling": ("pooling", RegressionConfig.pooling),
+                  "--max-message-chars": ("max_message_chars", RegressionConfig.max_message_chars),
+                  "--head-epochs": ("head_epochs", RegressionTrainConfig.head_epochs), "--full": ("full", False)}
+    generative = {"--stage": ("stage", GENERATIVE_STAGE), "--lora": ("lora", False)}
+    return {**{flag: ("regression", *v) for flag, v in regression.items()},
+            **{flag: ("generative", *v) for flag, v in generative.items()}}
+
+
+def _check_kind_options(args: argparse.Namespace) -> None:
+    """Refuse options set away from their default that train the other kind of meter than ``--kind``."""
+    foreign = [flag for flag, (kind, name, default) in _kind_options().items()
+               if kind != args.kind and getattr(args, name) != default]  # fmt: skip
+    if foreign:
+        other = "generative" if args.kind == "regression" else "regression"
+        raise UsageError(f"{', '.join(foreign)} {'trains' if len(foreign) == 1 else 'train'} a {other} meter "
+                         f"(--kind {other}), not a {args.kind} one")
+
+
 def cmd_train_meter(args: argparse.Namespace) -> int:
-    """Train a progress meter on recorded trajectories (outcomes only; step labels never enter training)."""
-    from deltattg.meter.commands import select_split, train_generative, train_regression
+    """Train a progress meter on recorded trajectories (outcomes only; step labels never enter training). Every option,
+    the output folder and every record are checked before training starts or anything is printed; the meter appears
+    at --out whole or not at all (built in a work folder next to it)."""
+    from deltattg.meter.commands import check_meter_output, select_split, train_generative, train_regression
 
     _check_out(args.out, args.data, args.split, folder=True)
+    _check_kind_options(args)
+    check_meter_output(args.out, model=args.model, tokenizer=args.tokenizer)
     items = select_split(_read(args.data, args.skip_invalid), args.split, args.subset)
     if not items:
         raise UsageError("no trajectories left to train on (check --split / --subset)")
-    if args.kind == "generative":
-        if args.target != "ttg":
-            raise UsageError("--target score trains a regression meter (--kind regression)")
-        if args.ensemble != 1 or args.layer is not None or args.calibration_fraction:
-            raise UsageError("--ensemble, --layer and --calibration-fraction train a regression meter "
-                             "(--kind regression)")
     limit = records_turn_limit(items) if args.turn_limit == "auto" else args.turn_limit
-    if limit is not None:
-        print(f"marking each decision state with the turns left of a {limit}-turn limit", file=sys.stderr)
     heldout: list = []
     if args.calibration_fraction:
         from deltattg.data.sources import split_by_task
@@ -280,7 +298,6 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
         if not items or not heldout:
             raise UsageError(f"--calibration-fraction {args.calibration_fraction} leaves no tasks to train on or none "
                              "to calibrate on")
-    print(f"training a {args.kind} meter on {len(items)} trajectories", file=sys.stderr)
     tokenizer = _tokenizer(args.tokenizer)
     if args.kind == "regression":
         meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars,
@@ -373,9 +390,7 @@ def _last_meter_error(meter) -> str | None:
 
 def cmd_eval_steps(args: argparse.Namespace) -> int:
     """Step-quality accuracy of a meter against step labels (§5.1, E.6)."""
-    import json
-
-    from deltattg.data.jsonl import atomic_output
+    from deltattg.data.jsonl import write_json
     from deltattg.meter.commands import evaluate_steps, select_split
     from deltattg.meter.step_quality import format_table
 
@@ -386,45 +401,46 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
         print(f"== {dataset} ==")
         print(format_table(rows))
     if args.json:
-        with atomic_output(args.json) as handle:
-            json.dump({d: {name: q.as_dict() for name, q in rows.items()} for d, rows in results.items()}, handle, indent=2)
+        write_json(args.json, {d: {name: q.as_dict() for name, q in rows.items()} for d, rows in results.items()})
     return 0
 
 
 def cmd_eval_meter(args: argparse.Namespace) -> int:
     """Completion accuracy and TTG rank correlation of a meter on labelled trajectories (and its agreement with a
     reference meter on the same states)."""
-    import json
-
-    from deltattg.data.jsonl import atomic_output
+    from deltattg.data.jsonl import write_json
     from deltattg.data.tokens import resolve_step_tokens
-    from deltattg.meter.fit import agreement, meter_fit
+    from deltattg.meter.commands import evaluate_meter
     from deltattg.meter.loading import load_meter
 
     _check_out(args.json, args.data, args.cache)
     items = _read(args.data, args.skip_invalid)
     tokenizer = _tokenizer(args.tokenizer)
-    trajectories = []
     for item in items:
         try:
             item.trajectory.step_tokens = resolve_step_tokens(item.trajectory, tokenizer)
         except InputError as exc:
             raise exc.located(path=item.path, line=item.line) from None
-        trajectories.append(item.trajectory)
     meter = _meter(args)
-    reference = load_meter(args.reference, tokenizer=args.tokenizer) if args.reference else None  # refused up front
-    fit = meter_fit(meter, trajectories)
-    results = {"meter": args.meter, "data": args.data, "trajectories": len(trajectories), **fit.as_dict()}
-    print(f"{args.meter} on {len(trajectories)} trajectories of {args.data}: {fit.completion_accuracy:.1%} completion "
+    try:  # refused up front
+        reference = load_meter(args.reference, tokenizer=args.tokenizer) if args.reference else None
+    except ValueError as exc:
+        raise UsageError(f"--reference {args.reference}: {exc}") from None
+    fit, agree = evaluate_meter(items, meter, reference)
+    if not fit.success:  # nothing to measure: refuse to print NaN
+        last = _last_meter_error(meter)
+        print(f"deltattg: error: no valid reading: the meter read every state of {args.data} as null"
+              f"{f' (last error: {last})' if last else ''}; nothing measured", file=sys.stderr)
+        return EXIT_NO_READING
+    results = {"meter": args.meter, "data": args.data, "trajectories": len(items), **fit.as_dict()}
+    print(f"{args.meter} on {len(items)} trajectories of {args.data}: {fit.completion_accuracy:.1%} completion "
           f"accuracy, Spearman {fit.spearman:.3f} of predicted vs true TTG ({len(fit.success)} states)")
-    if reference is not None:
-        agree = agreement(meter, reference, trajectories)
+    if agree is not None:
         results["reference"] = {"meter": args.reference, **agree.as_dict()}
         print(f"against {args.reference}: b agrees on {agree.completion_agreement:.1%} of {agree.states} states, "
               f"Spearman {agree.ttg_spearman:.3f} of the two meters' TTG")
     if args.json:
-        with atomic_output(args.json) as handle:
-            json.dump(results, handle, indent=2)
+        write_json(args.json, results)
     return 0
 
 
@@ -486,14 +502,12 @@ def cmd_verl_tasks(args: argparse.Namespace) -> int:
 
 def cmd_guide(args: argparse.Namespace) -> int:
     """Test-time action selection (E.5): natural rollout vs random-of-K vs meter-of-K on the same tasks (Table 9)."""
-    import json
-
-    from deltattg.data.jsonl import atomic_output
-    from deltattg.demo.report import guidance_header, guidance_row, text_table
+    from deltattg.data.jsonl import write_json
     from deltattg.envs.registry import DEFAULT_SPLIT
-    from deltattg.guidance import compare_guidance
+    from deltattg.guidance import compare_guidance, guidance_header, guidance_row
+    from deltattg.report import text_table
     from deltattg.meter.oracle import ORACLE
-    from deltattg.rollout.collect import build_policy, choose_tasks, parse_policy
+    from deltattg.rollout.collect import build_policy, check_episodes, choose_tasks, parse_policy
     from deltattg.rollout.policies import SamplingConfig
     from deltattg.rollout.prompts import PromptConfig
 
@@ -504,6 +518,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
     try:
         spec = parse_policy(args.actor)
         make_env, probe, tasks = _environment(args, [split])
+        check_episodes(args.episodes, tasks)  # each task once, as evaluate plays them
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     meter = _meter(args)
@@ -533,8 +548,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
                   "arms": [{"name": r.name, "candidates": r.candidates, "success": r.success, "steps": r.steps,
                             "seconds": r.seconds} for r in result.rows],
                   "meter_seconds": result.meter_seconds, "meter_share": result.meter_share}  # fmt: skip
-        with atomic_output(args.json) as handle:
-            json.dump(report, handle, indent=2)
+        write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
@@ -554,7 +568,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not all(splits) or len(set(splits)) != len(splits):
         raise UsageError(f"--split {args.split}: name each split once, several separated by commas")
     try:
-        spec = parse_policy(args.actor, trials=True)
+        spec = parse_policy(args.actor, trials=True).resolved()  # DIR, DIR/ and ./DIR: one actor, one run
         make_env, probe, tasks = _environment(args, splits)
         tasks = select_tasks(tasks, args.episodes, args.seed)
     except (ValueError, ImportError, OSError) as exc:
@@ -591,13 +605,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """Per-step credit of several methods side by side; with --env household, credit precision."""
     from pathlib import Path
 
-    from deltattg.credit import CreditConfig, available_estimators, get_estimator
-    from deltattg.inspection import arms_of, concentration_table, inspect_credit, precision_table, write_report
+    from deltattg.credit import available_estimators, get_estimator
+    from deltattg.inspection import (
+        arms_of,
+        concentration_table,
+        input_labels,
+        inspect_credit,
+        precision_table,
+        write_report,
+    )
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in available_estimators()]
     if not methods or unknown:
         raise UsageError(f"--methods: unknown {unknown or 'none given'}; choose from {', '.join(available_estimators())}")
+    if len(set(methods)) != len(methods):
+        raise UsageError(f"--methods: name each estimator once, got {args.methods}")
     problem = next(filter(None, (get_estimator(m).records_problem() for m in methods)), None)
     if problem is not None:  # it reads what no record carries (DelTA's hidden states)
         raise UsageError(problem)
@@ -605,12 +628,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise UsageError("--methods with the ttg or feas signal need --failure-cost C")
     if args.show < 1:
         raise UsageError(f"--show must be at least 1, got {args.show}")
-    try:
-        config = CreditConfig(rho=args.rho, cap=args.cap, failure_cost=args.failure_cost, **robust_settings(args))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = credit_config(args)
     _check_out(args.out, *args.input, folder=True)
-    inputs = [(Path(path).stem, _read(path, args.skip_invalid)) for path in args.input]
+    names = input_labels(args.input)  # distinct arm labels (the same file twice is refused before any reading)
+    inputs = [(name, _read(path, args.skip_invalid)) for name, path in zip(names, args.input)]
     result = inspect_credit(arms_of(inputs, methods), config, env=args.env, tokenizer=_tokenizer(args.tokenizer))
     write_report(result, inputs[0][1], Path(args.out), show=args.show)
     if result.precision:
@@ -633,7 +654,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from deltattg.credit import CreditConfig, available_estimators
+    from deltattg.credit import available_estimators
     from deltattg.meter.regression import RegressionConfig
     from deltattg.meter.train_regression import RegressionTrainConfig
     from deltattg.data.labels import TARGETS
@@ -678,15 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("input", help="trajectory JSONL")
     credit.add_argument("--out", required=True, help="JSONL to write")
     credit.add_argument("--method", default="deltattg", choices=available_estimators(), help="estimator (default: deltattg; see `deltattg methods`)")
-    add_mixing_options(credit, CreditConfig)
-    credit.add_argument("--failure-cost", type=failure_cost, default=None, metavar="C",
-                        help="cost C of a state predicted unsuccessful and of a failed terminal state (Eq. 7); no default: "
-                        "the paper uses 16384 (ALFWorld, AWM) and 6144 (PaperSearchQA)")
-    credit.add_argument("--epsilon", type=number(float, low=0, low_open=True, high=1), default=CreditConfig.epsilon,
-                        help="ε of the group standard deviation (Eq. 14), in (0, 1]")
-    add_robust_options(credit, CreditConfig)
-    add_step_group_options(credit, CreditConfig)
-    add_information_gain_options(credit, CreditConfig)
+    add_credit_options(credit)
     credit.add_argument("--table", action="store_true", help="also print a per-step credit table")
     _add_tokenizer(credit)
     _add_skip_invalid(credit)
@@ -739,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_meter.add_argument("--lr", type=positive_float, help=f"learning rate (defaults: head {RegressionTrainConfig.lr_head_frozen:g} frozen; backbone "
                              f"{RegressionTrainConfig.lr_backbone:g}; "
                              "generative SFT 1e-5, GRPO 3e-6)")
-    train_meter.add_argument("--stage", choices=["sft", "grpo", "sft+grpo"], default="sft+grpo",
+    train_meter.add_argument("--stage", choices=["sft", "grpo", "sft+grpo"], default=GENERATIVE_STAGE,
                              help="generative: training stages (default sft+grpo)")
     train_meter.add_argument("--lora", action="store_true", help="generative: LoRA r=16 on q,v instead of full fine-tuning")
     train_meter.add_argument("--turn-limit", type=turn_limit, default="auto", metavar="N|auto|none",
@@ -802,7 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
         "labels (Eq. 1-2): completion accuracy (b against the trajectory's outcome) and Spearman's rho of predicted "
         "against true Token-to-Go on the successful trajectories' states. With --reference (a meter folder, e.g. one "
         "trained in DATA's own domain): how often the two meters' b agree and the Spearman of their TTG, state by "
-        "state (cross-domain transfer, paper 5.3).",
+        "state (cross-domain transfer, paper 5.3). Input without a decision state is refused (exit 2); exits 3 when "
+        "not one reading is valid.",
     )
     eval_meter.add_argument("data", help="trajectory JSONL with outcomes (collect's output)")
     eval_meter.add_argument("--reference", help="a second meter read on the same states")
@@ -865,13 +879,12 @@ def build_parser() -> argparse.ArgumentParser:
         "share of positive credit (A > 0, token-weighted) on progress steps and of negative credit (A < 0) on the "
         "others, beside GRPO's uniform share.",
     )
-    inspect.add_argument("input", nargs="+", help="scored trajectory JSONL (the same trajectories in every file)")
+    inspect.add_argument("input", nargs="+", help="scored trajectory JSONL (the same trajectories in every file); an arm "
+                         "names its file by the stem, with as many folders as tell two equal stems apart")
     inspect.add_argument("--methods", default="grpo,deltattg", help="comma-separated estimators (default grpo,deltattg)")
     inspect.add_argument("--out", required=True, help="folder for inspect.md, inspect.json and inspect.png")
     inspect.add_argument("--env", choices=["household"], help="replay with this environment's planner: precision table")
-    inspect.add_argument("--failure-cost", type=failure_cost, default=None, metavar="C", help="C of Eq. 7 (ttg and feas methods)")
-    add_mixing_options(inspect, CreditConfig)
-    add_robust_options(inspect, CreditConfig)
+    add_credit_options(inspect)
     inspect.add_argument("--show", type=positive_int, default=4, help="trajectories drawn and tabulated (default 4)")
     _add_tokenizer(inspect)
     _add_skip_invalid(inspect)
@@ -894,7 +907,8 @@ def build_parser() -> argparse.ArgumentParser:
     guide.add_argument("--candidates", type=number(int, low=1, high=64), default=4, metavar="K",
                        help="proposals per step in the guided arms (default 4)")
     guide.add_argument("--episodes", type=number(int, low=1, high=10**5), required=True, metavar="N",
-                       help="tasks (one episode each per arm), drawn from --split with --seed")
+                       help="distinct tasks (one episode each per arm), drawn from --split with --seed; at most "
+                       "the split's task count")
     _add_rollout(guide, max_new_tokens=64)
     guide.add_argument("--json", help="also write the numbers as JSON here")
     add_meter_source(guide)

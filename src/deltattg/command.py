@@ -59,7 +59,6 @@ probability = number(float, low=0, high=1)
 positive_int = number(int, low=1)
 seed_int = number(int, low=0, high=MAX_SEED)
 failure_cost = number(float, low=0, low_open=True, high=1e12)  # credit.batch.MAX_CREDIT_SETTING
-multiplier_cap = number(float, low=1, high=1e12)
 
 
 def turn_limit(text: str) -> int | str | None:

@@ -208,3 +208,16 @@ def compare_guidance(
 
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
+
+
+def guidance_header(candidates: int) -> tuple[str, ...]:
+    """The columns of Table 9's layout: per selection rule, its success rate and mean steps."""
+    return ("actor", "split", "natural rollout (1) SR %", "Steps", f"random selection ({candidates}) SR %", "Steps",
+            f"progress meter ({candidates}) SR %", "Steps")  # fmt: skip
+
+
+def guidance_row(actor: str, split: str, rows: Sequence[GuidanceRow]) -> list[str]:
+    """One actor's line of :func:`guidance_header`'s table."""
+    from deltattg.report import percent
+
+    return [actor, split, *(cell for row in rows for cell in (percent(row.success), f"{row.steps:.2f}"))]

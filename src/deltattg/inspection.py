@@ -17,8 +17,10 @@ same order.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +29,8 @@ from typing import Any
 from deltattg.credit import CreditConfig
 from deltattg.credit.records import assign_credit, needs_meter
 from deltattg.data.sources import Located
+from deltattg.data.trajectory import Trajectory, action_texts
+from deltattg.data.jsonl import finite_or_null
 from deltattg.errors import InputError
 
 STEP_CLASSES = ("progress", "neutral", "regress")
@@ -135,16 +139,38 @@ class Inspection:
 
 
 def check_same_trajectories(arms: Sequence[CreditArm]) -> None:
-    """Every arm's file holds the same trajectory ids in the same order."""
-    first = [item.trajectory.id for item in arms[0].items]
+    """Every arm's file holds the same trajectories — ids, and the steps of each — in the same order; the first that
+    differs, or has no counterpart, is an ``InputError`` at its file and line."""
+    first = arms[0].items
     for arm in arms[1:]:
-        ids = [item.trajectory.id for item in arm.items]
-        if ids != first:
-            k = next((k for k, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids)))
-            where = arm.items[k] if k < len(arm.items) else None
-            raise InputError(f"the inputs must hold the same trajectories in the same order; record {k + 1} differs "
-                             f"(or is missing)", path=where.path if where else None, line=where.line if where else None,
+        for ours, theirs in zip(first, arm.items):
+            _check_counterparts(ours, theirs)
+        if len(first) != len(arm.items):
+            longer, shorter = (first, arm.items) if len(first) > len(arm.items) else (arm.items, first)
+            extra = longer[len(shorter)]
+            raise InputError(f"has no counterpart: {shorter[-1].path} ends after {len(shorter)} records (the inputs "
+                             "must hold the same trajectories in the same order)", path=extra.path, line=extra.line,
                              field="id")  # fmt: skip
+
+
+def _check_counterparts(ours: Located, theirs: Located) -> None:
+    """``theirs`` is the same trajectory as ``ours`` (in the first input): the same id and number of steps."""
+    where = f"{ours.path}:{ours.line}"
+    if theirs.trajectory.id != ours.trajectory.id:
+        raise InputError(f"is {theirs.trajectory.id!r} where {where} holds {ours.trajectory.id!r} (the inputs must "
+                         "hold the same trajectories in the same order)", path=theirs.path, line=theirs.line,
+                         field="id")  # fmt: skip
+    if theirs.trajectory.num_steps != ours.trajectory.num_steps:
+        raise InputError(f"trajectory {theirs.trajectory.id!r} has {theirs.trajectory.num_steps} steps here and "
+                         f"{ours.trajectory.num_steps} at {where} (the inputs must hold the same trajectories)",
+                         path=theirs.path, line=theirs.line, field=_steps_field(theirs.trajectory))  # fmt: skip
+
+
+def _steps_field(trajectory: Trajectory) -> str:
+    """The field that gives the trajectory its steps (``Trajectory.num_steps``'s order)."""
+    if trajectory.step_tokens is not None:
+        return "step_tokens"
+    return "messages" if trajectory.messages is not None else "steps"
 
 
 def household_distances(items: Sequence[Located]) -> list[list[int]]:
@@ -164,6 +190,9 @@ def inspect_credit(arms: Sequence[CreditArm], config: CreditConfig, *, env: str 
     """Credit of every arm; with ``env="household"`` the step classes and each arm's precision."""
     if not arms:
         raise ValueError("nothing to inspect: no arms")
+    labels = [arm.label for arm in arms]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"the arms' labels must differ (each keys its own column), got {labels}")
     check_same_trajectories(arms)
     records = {arm.label: assign_credit(arm.items, arm.method, config, tokenizer) for arm in arms}
     result = Inspection([a.label for a in arms], {a.label: a.method for a in arms}, records)
@@ -198,9 +227,10 @@ def percent(value: float) -> str:
 
 def arm_table(result: Inspection, header: Sequence[str], cells: Any) -> str:
     """A markdown table with one row per arm: its label, method and ``cells(label)``."""
-    lines = ["| " + " | ".join(["arm", "method", *header]) + " |", "|" + "---|" * (len(header) + 2)]
-    lines += [f"| {label} | {result.methods[label]} | " + " | ".join(cells(label)) + " |" for label in result.arms]
-    return "\n".join(lines)
+    from deltattg.report import markdown_table
+
+    rows = [[label, result.methods[label], *cells(label)] for label in result.arms]
+    return markdown_table(["arm", "method", *header], rows)
 
 
 def precision_table(result: Inspection) -> str:
@@ -225,9 +255,10 @@ def concentration_table(result: Inspection) -> str:
                               "credit moved from GRPO's places %", "trajectories"), cells)  # fmt: skip
 
 
-def plot_credit(result: Inspection, shown: Sequence[int], path: Path) -> None:
-    """Per-step credit A·w_t of the shown trajectories (rows) under every arm (columns), bars coloured by step class."""
-    from deltattg.demo.report import pyplot
+def plot_credit(result: Inspection, shown: Sequence[int]) -> bytes:
+    """Per-step credit A·w_t of the shown trajectories (rows) under every arm (columns), bars coloured by step class,
+    as PNG bytes."""
+    from deltattg.report import figure_png, pyplot
 
     plt = pyplot()
     rows, cols = len(shown), len(result.arms)
@@ -254,15 +285,15 @@ def plot_credit(result: Inspection, shown: Sequence[int], path: Path) -> None:
     fig.suptitle("per-step credit A·w_t (bars coloured by the planner's step class)" if result.classes
                  else "per-step credit A·w_t", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return figure_png(fig, dpi=100)
 
 
 def step_rows(result: Inspection, k: int, actions: Sequence[str]) -> list[dict]:
-    """One dict per step of trajectory ``k``: action, class and distance (with an environment), credit per arm."""
+    """One dict per step of trajectory ``k``: action (its text, "" where the record has no messages), class and
+    distance (with an environment), credit per arm."""
     out = []
-    for t, action in enumerate(actions):
-        row: dict[str, Any] = {"step": t, "action": action}
+    for t in range(len(result.records[result.arms[0]][k]["step_advantages"])):
+        row: dict[str, Any] = {"step": t, "action": actions[t] if t < len(actions) else ""}
         if result.classes is not None and result.distances is not None:
             row |= {"class": result.classes[k][t], "distance": result.distances[k][t]}
         row["credit"] = {label: result.records[label][k]["step_advantages"][t] for label in result.arms}
@@ -270,15 +301,22 @@ def step_rows(result: Inspection, k: int, actions: Sequence[str]) -> list[dict]:
     return out
 
 
-def write_report(result: Inspection, items: Sequence[Located], out: Path, *, show: int = 4) -> str:
-    """``inspect.md``, ``inspect.json`` and ``inspect.png`` in folder ``out``; returns the markdown."""
-    from deltattg.data.jsonl import atomic_output
+def step_table(result: Inspection, k: int, actions: Sequence[str]) -> str:
+    """Trajectory ``k``'s id and outcome over its markdown per-step table: action, class and distance (with an
+    environment), each arm's credit."""
+    from deltattg.report import markdown_cell, markdown_table
 
-    out.mkdir(parents=True, exist_ok=True)
-    shown = shown_trajectories(result.records[result.arms[0]], show)
-    actions = [[m.get("content") or "" for m in item.trajectory.messages or [] if m.get("role") == "assistant"]
-               for item in items]  # fmt: skip
-    plot_credit(result, shown, out / "inspect.png")
+    record = result.records[result.arms[0]][k]
+    header = ["step", "action", *(["class", "d"] if result.classes else []), *result.arms]
+    rows = [[row["step"], row["action"], *([row["class"], row["distance"]] if result.classes else []),
+             *(f"{row['credit'][label]:+.3f}" for label in result.arms)] for row in step_rows(result, k, actions)]
+    outcome = "success" if record["success"] else "failure"
+    return f"**{markdown_cell(record['id'])}** ({outcome})\n\n" + markdown_table(header, rows)
+
+
+def report_markdown(result: Inspection, shown: Sequence[int], actions: Sequence[Sequence[str]]) -> str:
+    """``inspect.md``: the precision table (with an environment), the concentration table and the shown
+    trajectories' per-step tables."""
     parts = ["# Credit inspection"]
     if result.precision:
         census = result.census()
@@ -288,17 +326,13 @@ def write_report(result: Inspection, items: Sequence[Located], out: Path, *, sho
     parts += ["## Credit concentration", concentration_table(result),
               "A step's share is its |credit|·tokens over its trajectory's; trajectories with A ≠ 0 only."]
     parts += ["## Per-step credit", "![per-step credit](inspect.png)"]
-    for k in shown:
-        record = result.records[result.arms[0]][k]
-        header = "| step | action | " + ("class | d | " if result.classes else "") + " | ".join(result.arms) + " |"
-        lines = [f"**{record['id']}** ({'success' if record['success'] else 'failure'})", "",
-                 header, "|" + "---|" * (header.count("|") - 1)]  # fmt: skip
-        for row in step_rows(result, k, actions[k]):
-            cells = [str(row["step"]), row["action"]] + ([row["class"], str(row["distance"])] if result.classes else [])
-            cells += [f"{row['credit'][label]:+.3f}" for label in result.arms]
-            lines.append("| " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines))
-    text = "\n\n".join(p for p in parts if p) + "\n"
+    parts += [step_table(result, k, actions[k]) for k in shown]
+    return "\n\n".join(parts) + "\n"
+
+
+def report_figures(result: Inspection, shown: Sequence[int], actions: Sequence[Sequence[str]]) -> dict:
+    """``inspect.json``: the arms, precision, concentration, census and the shown trajectories' steps; a number
+    that is not finite (no credit of that sign) is ``null``."""
     figures = {
         "arms": [{"label": label, "method": result.methods[label]} for label in result.arms],
         "precision": {label: asdict(p) for label, p in result.precision.items()},
@@ -307,16 +341,59 @@ def write_report(result: Inspection, items: Sequence[Located], out: Path, *, sho
         "shown": [{"id": result.records[result.arms[0]][k]["id"], "steps": step_rows(result, k, actions[k])}
                   for k in shown],  # fmt: skip
     }
-    with atomic_output(out / "inspect.json") as handle:
-        json.dump(figures, handle, indent=2, default=lambda v: None)
-    with atomic_output(out / "inspect.md") as handle:
-        handle.write(text)
+    return finite_or_null(figures)
+
+
+def write_together(files: dict[Path, str | bytes]) -> None:
+    """Write every file (text or bytes) atomically and all together: each goes to a temporary file first, and only
+    when all of them are written are they moved into place, so a failure anywhere leaves none of them."""
+    from deltattg.data.jsonl import atomic_output
+
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(atomic_output(path, binary=isinstance(content, bytes))) for path, content in
+                   files.items()]  # fmt: skip
+        for handle, content in zip(handles, files.values()):
+            handle.write(content)
+
+
+def write_report(result: Inspection, items: Sequence[Located], out: Path, *, show: int = 4) -> str:
+    """``inspect.md``, ``inspect.json`` and ``inspect.png`` in folder ``out``; returns the markdown. All three are
+    made in memory and then written together (:func:`write_together`): a failure leaves none of them."""
+    shown = shown_trajectories(result.records[result.arms[0]], show)
+    actions = [action_texts(item.trajectory) for item in items]
+    text = report_markdown(result, shown, actions)
+    figures = json.dumps(report_figures(result, shown, actions), indent=2, allow_nan=False, default=lambda v: None)
+    write_together({out / "inspect.png": plot_credit(result, shown), out / "inspect.json": figures,
+                    out / "inspect.md": text})  # fmt: skip
     return text
+
+
+def input_labels(paths: Sequence[str]) -> list[str]:
+    """A short, distinct name of each input for the arm labels: its file's stem, with as many parent folders as it
+    takes to tell it from every other input (``a/scored.jsonl``, ``b/scored.jsonl``: ``a/scored``, ``b/scored``),
+    else its whole path; a file named twice is an ``InputError``."""
+    options = [_label_options(path) for path in paths]
+    labels = []
+    for i, own in enumerate(options):
+        others = {option for j, row in enumerate(options) if j != i for option in row}
+        label = next((option for option in own if option not in others), None)
+        if label is None:
+            again = next(paths[j] for j, row in enumerate(options) if j != i and row[-1] == own[-1])
+            raise InputError(f"is given twice (also as {again}): each input makes its own arms", path=paths[i])
+        labels.append(label)
+    return labels
+
+
+def _label_options(path: str) -> list[str]:
+    """The names of ``path`` from the shortest (its stem) to the longest (its absolute path)."""
+    full = Path(os.path.abspath(path))
+    folders = full.parent.parts[1:]  # without the root
+    return ["/".join([*folders[len(folders) - depth:], full.stem]) for depth in range(len(folders) + 1)] + [str(full)]
 
 
 def arms_of(inputs: Sequence[tuple[str, Sequence[Located]]], methods: Sequence[str]) -> list[CreditArm]:
     """One arm per (input, method); a method that reads no meter runs once (on the first input), and labels name the
-    input only where there are several."""
+    input only where there are several (by their names: :func:`input_labels`)."""
     arms = []
     for method in methods:
         sources = inputs if needs_meter(method) else inputs[:1]

@@ -1,8 +1,13 @@
-"""Human-readable views of credit: the per-step table ``deltattg credit --table`` and the demo print."""
+"""Human-readable views: the per-step credit table (``deltattg credit --table``), markdown and console tables,
+success rates as printed, and PNG figures (matplotlib, Agg, drawn in memory and written atomically) — what
+``inspect``, ``guide``, the demo's report and the benchmarks print and draw."""
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _reading(entry: dict | None) -> str:
@@ -36,3 +41,61 @@ def credit_table(records: Sequence[dict], max_trajectories: int = 20) -> str:
     if len(records) > max_trajectories:
         lines.append(f"... {len(records) - max_trajectories} more trajectories")
     return "\n".join(lines)
+
+
+def percent(rate: float) -> str:
+    """A success rate as the report prints it (percent, one decimal; "-" for none)."""
+    return "-" if math.isnan(rate) else f"{100 * rate:.1f}"
+
+
+# ---- tables ----------------------------------------------------------------------------------------------------------
+def markdown_cell(value: object) -> str:
+    """``value`` as the text of one markdown table cell: backslashes and ``|`` escaped (an unescaped ``|`` would
+    split the cell) and each line break (``str.splitlines``'s) written ``<br>`` (a raw one would end the row)."""
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
+    return "<br>".join(text.splitlines())
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub markdown table; every cell through :func:`markdown_cell`."""
+
+    def line(cells: Sequence[object]) -> str:
+        return "| " + " | ".join(markdown_cell(c) for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A console table: columns left-aligned to their widest cell, two spaces apart."""
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows])
+
+
+# ---- figures ---------------------------------------------------------------------------------------------------------
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_png(fig, dpi: int) -> bytes:
+    """``fig`` drawn as PNG bytes (in memory, so a failed drawing leaves no file); the figure is closed either way."""
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        return buffer.getvalue()
+    finally:
+        pyplot().close(fig)
+
+
+def save_figure(fig, path: Path, dpi: int) -> None:
+    """``fig`` as a PNG at ``path``, written atomically (never a half-written picture)."""
+    from deltattg.data.jsonl import atomic_output
+
+    picture = figure_png(fig, dpi)
+    with atomic_output(path, binary=True) as handle:
+        handle.write(picture)

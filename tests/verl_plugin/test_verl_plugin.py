@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import importlib.metadata
+import itertools
 import json
 import os
 import shlex
@@ -50,9 +52,10 @@ from deltattg.rollout.prompts import PromptConfig, episode_prompt
 from deltattg.tiny import tiny_llama
 from deltattg.train.actor import tiny_tokenizer
 from deltattg.verl.agent_loop import EnvAgentLoop
-from deltattg.verl.credit import STEP_FIELD, TRAJECTORY_FIELD, VerlSettings
+from deltattg.verl.credit import STEP_FIELD, TOKENS_FIELD, TRAJECTORY_FIELD, VerlSettings
 from deltattg.verl.tasks import TASK_FIELD, task_rows
-from deltattg.verl.estimators import method_of
+from deltattg.verl import plugin
+from deltattg.verl.estimators import EstimatorNameTaken, method_of, register_estimators
 from deltattg.verl.trainer import DeltaTTGTrainer, settings_of
 
 ENV = HouseholdConfig.short()
@@ -167,6 +170,7 @@ def test_agent_loop_plays_household_with_a_tiny_model_server(tokenizer):
     assert len(outputs) == trajectory.num_steps == len(server.calls) >= 1
     for t, output in enumerate(outputs):
         assert output.extra_fields[STEP_FIELD] == t and output.response_mask == [1] * len(output.response_ids)
+        assert output.extra_fields[TOKENS_FIELD] == len(output.response_ids)
         assert 1 <= len(output.response_ids) <= 6 and len(output.response_logprobs) == len(output.response_ids)
         assert output.reward_score == trajectory.reward
         assert output.prompt_ids == server.calls[t]
@@ -307,6 +311,75 @@ def test_rows_that_do_not_line_up_with_the_record_are_an_error_naming_the_episod
     memory_tq.rows[("train", key)]["extra_fields"][STEP_FIELD] = 0
     with pytest.raises(StepLayoutError, match="has deltattg_step=0 but its key says step 1"):
         trainer._compute_advantage(memory_tq.meta(), {})
+
+
+def two_rows_of_one_group_with_different_lengths(memory_tq) -> tuple[str, str]:
+    """Two keys of the same prompt group whose actions have different numbers of tokens."""
+    lengths = {key: len(row["response_mask"]) for (_, key), row in memory_tq.rows.items()}
+    for a, b in itertools.combinations(sorted(lengths), 2):
+        if a.rsplit("_", 2)[0] == b.rsplit("_", 2)[0] and lengths[a] != lengths[b]:
+            return a, b
+    raise AssertionError("every row of the group has the same length")
+
+
+def test_rows_swapped_within_a_group_are_an_error_naming_the_row(tokenizer, memory_tq):
+    collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
+    a, b = two_rows_of_one_group_with_different_lengths(memory_tq)
+    first, second = memory_tq.rows[("train", a)], memory_tq.rows[("train", b)]
+    tensors = set(first) - {"extra_fields"}
+
+    def swap():  # verl's tensors of a reach b's key and back: the uid is the same
+        for field in tensors:
+            first[field], second[field] = second[field], first[field]
+
+    swap()
+    trainer = trainer_for("grpo_step", tokenizer, None)
+    with pytest.raises(StepLayoutError, match=r"row '(%s|%s)' arrived with a response of \d+ tokens but its action "
+                                              r"has \d+: rows and keys are out of step" % (a, b)):  # fmt: skip
+        trainer._compute_advantage(memory_tq.meta(), {})
+    swap()
+    del first["extra_fields"][TOKENS_FIELD]  # rows of an agent loop that does not say how long each action is
+    with pytest.raises(StepLayoutError, match=f"row '{a}' has deltattg_tokens=None"):
+        trainer._compute_advantage(memory_tq.meta(), {})
+
+
+def test_the_outcome_is_the_records_reward_not_the_shaped_token_rewards(tokenizer, memory_tq):
+    """Token-level rewards that differ from the environment's (as a KL penalty makes them) do not move the credit."""
+    episodes = collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:2])
+    for i, row in enumerate(memory_tq.rows.values()):
+        row["rm_scores"] = row["rm_scores"] - 0.05 * (i % 7)  # a different penalty on every row
+    trainer = trainer_for("grpo_step", tokenizer, None)
+    trainer._compute_advantage(trainer._balance_batch(memory_tq.meta(), metrics={}), {})
+    for key, want in core_credit("grpo", episodes, None).items():
+        assert memory_tq.rows[("train", key)]["advantages"].tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_the_trainer_refuses_a_kl_penalty_in_the_reward():
+    config = OmegaConf.create({"trainer": {"v1": {"trainer_mode": "deltattg"}},
+                               "algorithm": {"adv_estimator": "grpo_step", "use_kl_in_reward": True}})  # fmt: skip
+    with pytest.raises(ValueError, match="use_kl_in_reward=true.*actor_rollout_ref.actor.use_kl_loss=true"):
+        DeltaTTGTrainer(config)
+
+
+def foreign_gigpo(token_level_rewards, response_mask, **_):
+    """Another plugin's estimator registered under a name deltattg uses (verl-agent registers a 'gigpo')."""
+    return token_level_rewards, token_level_rewards
+
+
+def test_an_estimator_name_verl_already_holds_is_refused(monkeypatch):
+    monkeypatch.setitem(ADV_ESTIMATOR_REGISTRY, "gigpo", foreign_gigpo)
+    with pytest.raises(EstimatorNameTaken, match=r"already holds gigpo \(held by .*foreign_gigpo\)"):
+        register_estimators()
+    assert get_adv_estimator_fn("gigpo") is foreign_gigpo  # left to its owner ...
+    assert get_adv_estimator_fn("deltattg").__name__ == "deltattg_credit_deltattg"  # ... the free names are ours
+    with pytest.warns(UserWarning, match="deltattg's verl plugin: .*gigpo"):  # verl hides a plugin's errors
+        importlib.reload(plugin)
+    assert "gigpo" not in plugin.ESTIMATORS and "deltattg" in plugin.ESTIMATORS
+    config = OmegaConf.create({"trainer": {"v1": {"trainer_mode": "deltattg"}},
+                               "algorithm": {"adv_estimator": "gigpo", "use_kl_in_reward": False}})  # fmt: skip
+    with pytest.raises(ValueError, match="algorithm.adv_estimator=gigpo: .*foreign_gigpo.*refuses to run it"):
+        DeltaTTGTrainer(config)  # the trainer would prepare deltattg's gigpo while verl ran the other one
+    assert method_of("grpo") is None  # verl's own names stay verl's
 
 
 class _FailingMeterHandler(BaseHTTPRequestHandler):

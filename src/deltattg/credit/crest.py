@@ -80,7 +80,7 @@ import math
 import torch
 from torch import Tensor
 
-from deltattg.credit.batch import Credit, CreditConfig, Fallback, StepBatch
+from deltattg.credit.batch import MAX_CREDIT_SETTING, Credit, CreditConfig, Fallback, StepBatch
 from deltattg.credit.grpo import outcome_advantage
 from deltattg.credit.registry import Option, Reads, TeacherTokens, register_estimator
 
@@ -199,9 +199,11 @@ def verified_metrics(batch: StepBatch) -> dict[str, float]:
 
 @register_estimator("crest", reads=frozenset({Reads.VERIFIED, Reads.TEACHER_LOGPROBS}), teacher_weights=crest_weights,
                     options=(
-    Option("crest_beta", 0.5, "β_v: Ã_t = A_i + β_v·ṽ_t, ṽ the verified outcome z-scored per (prompt, turn)"),
-    Option("crest_epsilon", 0.2, "ε_w: the teacher's weight w is clipped to [1 − ε_w, 1 + ε_w]"),
-    Option("crest_floor", 0.5, "w_min: the lowest teacher weight (after the entropy gate)")))  # fmt: skip
+    Option("crest_beta", "β_v: Ã_t = A_i + β_v·ṽ_t, ṽ the verified outcome z-scored per (prompt, turn)", low=0,
+           high=MAX_CREDIT_SETTING),
+    Option("crest_epsilon", "ε_w: the teacher's weight w is clipped to [1 − ε_w, 1 + ε_w]", low=0, high=100),
+    Option("crest_floor", "w_min: the lowest teacher weight (after the entropy gate)", low=0, low_open=True,
+           high=1)))  # fmt: skip
 def crest(batch: StepBatch, config: CreditConfig) -> Credit:
     """CrEST: GRPO's outcome plus per-turn verified outcomes, scaled per token by an entropy-gated self-teacher.
 

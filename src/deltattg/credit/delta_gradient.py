@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deltattg.credit.batch import Credit, CreditConfig, StepBatch
+from deltattg.credit.batch import MAX_CREDIT_SETTING, Credit, CreditConfig, StepBatch
 from deltattg.credit.grpo import grpo
 from deltattg.credit.registry import Option, Reads, register_estimator
 
@@ -178,9 +178,11 @@ def delta_weights(hidden: Tensor, token_prob: Tensor, advantage: Tensor, mask: T
 
 
 @register_estimator("delta", reads=frozenset({Reads.HIDDEN_STATES}), token_weights=delta_weights, options=(
-    Option("delta_lambda_min", 0.8, "λ_min: the lowest token weight before self-normalisation"),
-    Option("delta_lambda_max", 1.2, "λ_max: the highest token weight before self-normalisation"),
-    Option("delta_refine", 1, "K: centroid refinement steps")))  # fmt: skip
+    Option("delta_lambda_min", "λ_min: the lowest token weight before self-normalisation", low=0,
+           high=MAX_CREDIT_SETTING),
+    Option("delta_lambda_max", "λ_max: the highest token weight before self-normalisation", low=0,
+           high=MAX_CREDIT_SETTING),
+    Option("delta_refine", "K: centroid refinement steps", low=0, high=16)))  # fmt: skip
 def delta(batch: StepBatch, config: CreditConfig) -> Credit:
     """DelTA: GRPO's outcome advantage, reweighted per token by ω from the actor's hidden states (RUCBM/DelTA).
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from deltattg.credit import robust
-from deltattg.credit.batch import Credit, CreditConfig, Fallback, MeterReadings, StepBatch
+from deltattg.credit.batch import MAX_CREDIT_SETTING, Credit, CreditConfig, Fallback, MeterReadings, StepBatch
 from deltattg.credit.grpo import group_sum, outcome_advantage
 from deltattg.credit.registry import Estimator, Option, Reads, register
 
@@ -28,8 +28,9 @@ Signal = Literal["ttg", "feas", "logit", "value"]
 
 
 def append_terminal(values: Tensor, terminal: Tensor, num_steps: Tensor) -> Tensor:
-    """``[n, S] -> [n, S+1]``: the nonterminal values of each trajectory followed by its terminal value at T_i."""
-    out = torch.cat([values, torch.zeros_like(values[:, :1])], dim=1)
+    """``[n, S] -> [n, S+1]``: the nonterminal values of each trajectory followed by its terminal value at T_i (also
+    when S = 0: a batch of trajectories without actions has only terminal states)."""
+    out = torch.cat([values, values.new_zeros(values.shape[0], 1)], dim=1)
     return out.scatter(1, num_steps[:, None], terminal[:, None].to(out.dtype))
 
 
@@ -259,17 +260,24 @@ _DOCS = {
 }
 READING = {"ttg": "can_complete", "feas": "can_complete", "logit": "logit", "value": "score"}
 OPTIONS = {
-    "rho": Option("rho", 0.2, "uniform mixing ρ (Eq. 10)"),
-    "cap": Option("cap", 5.0, "token multiplier cap M (D.4)"),
-    "failure_cost": Option("failure_cost", None, "cost C of predicted failure and of a failed end (Eq. 7)"),
-    "logit_clip": Option("logit_clip", 10.0, "logit clip L (Eq. 19)"),
+    "rho": Option("rho", "uniform mixing ρ (Eq. 10)", low=0, high=1),
+    "cap": Option("cap", "token multiplier cap M >= 1 (D.4)", low=1, high=MAX_CREDIT_SETTING),
+    "failure_cost": Option("failure_cost", "cost C of a state predicted unsuccessful and of a failed end (Eq. 7); no "
+                           "default: the paper uses 16384 (ALFWorld, AWM) and 6144 (PaperSearchQA)", low=0,
+                           low_open=True, high=MAX_CREDIT_SETTING, metavar="C"),
+    "logit_clip": Option("logit_clip", "logit clip L (Eq. 19)", low=0, low_open=True, high=MAX_CREDIT_SETTING,
+                         metavar="L"),
 }
 ROBUST_OPTIONS = (
-    Option("soft", CreditConfig.soft, "soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the calibrated p̃ (ours)"),
-    Option("hindsight", CreditConfig.hindsight, "p̃ = 1 on the states of successful trajectories (ours)"),
-    Option("smooth", CreditConfig.smooth, "running median of this many states over c_0..c_T (1: none; ours)"),
-    Option("share_cap", CreditConfig.share_cap, "share cap κ: q_t ≤ κ/T_i (1: GRPO's shares; ours)"),
-    Option("trust", CreditConfig.trust, "auc: scale by clip(2·AUC − 1, 0, 1) of p̃ on the batch; none (ours)"),
+    Option("soft", "soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the meter's calibrated probability p̃ (records: "
+           "meter[].probability; b̂ where absent; ours)"),
+    Option("hindsight", "p̃ = 1 on the states of successful trajectories (ours)"),
+    Option("smooth", "running median of K states (odd) over the cost trace c_0..c_T (1: none; ours)", low=1, high=99,
+           metavar="K"),
+    Option("share_cap", "share cap κ: no step's share q_t exceeds κ/T_i (1: GRPO's uniform shares; ours)", low=1,
+           high=MAX_CREDIT_SETTING, metavar="KAPPA"),
+    Option("trust", "auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ against the outcomes of the "
+           "batch's queried states; none (ours)", choices=("auc", "none")),
 )
 
 

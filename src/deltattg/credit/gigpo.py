@@ -205,8 +205,8 @@ def gigpo_advantages(
 
 # ---- the registered estimator --------------------------------------------------------------------------------------
 STEP_GROUP_READS = frozenset({Reads.STEP_REWARDS, Reads.ANCHORS})
-GAMMA = Option("gamma", 0.95, "discount of the per-step returns")
-NORM = Option("norm", "mean_std", "mean_std | mean (verl-agent's mean_std_norm | mean_norm)")
+GAMMA = Option("gamma", "discount of the per-step returns", low=0, high=1)
+NORM = Option("norm", "group normalisation (verl-agent's mean_std_norm | mean_norm)", choices=("mean_std", "mean"))
 
 
 def step_group_inputs(batch: StepBatch) -> tuple[Tensor, Tensor]:
@@ -224,7 +224,7 @@ def step_group_credit(episode: Tensor, advantages: Tensor) -> Credit:
 
 
 @register_estimator("gigpo", reads=STEP_GROUP_READS, options=(
-    GAMMA, Option("step_weight", 1.0, "ω: A = episode + ω·step (step_advantage_w)"), NORM))  # fmt: skip
+    GAMMA, Option("step_weight", "ω: A = episode + ω·step (step_advantage_w)", low=-1e6, high=1e6), NORM))  # fmt: skip
 def gigpo(batch: StepBatch, config: CreditConfig) -> Credit:
     """GiGPO: episode advantage + ω·step advantage within anchor-observation groups (verl-agent's core_gigpo)."""
     step_rewards, anchor = step_group_inputs(batch)

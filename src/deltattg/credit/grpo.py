@@ -20,8 +20,10 @@ def step_expanded_advantage(
     """A_i = (R_i − μ_x) / (σ_x + ε), where trajectory i counts T_i times in its group's statistics (Eq. 14).
 
     μ_x = Σ_i T_i R_i / K_x and σ_x is the sample standard deviation over the K_x = Σ_i T_i step-expanded rows.
-    A group whose rewards are all equal gets exactly 0 (no relative signal; such trajectories are not queried).
-    ``scale_by_std=False`` drops the division by σ (Dr. GRPO style).
+    A group whose rows' rewards are all equal gets exactly 0 (no relative signal; such trajectories are not queried).
+    A trajectory without actions (T_i = 0) has no rows: it does not enter its group's statistics and gets 0, as in
+    GiGPO's episode term (it has no token to carry an advantage). ``scale_by_std=False`` drops the division by σ
+    (Dr. GRPO style).
     """
     reward = reward.to(torch.get_default_dtype()) if not reward.is_floating_point() else reward
     weight = num_steps.to(reward.dtype)
@@ -30,12 +32,13 @@ def step_expanded_advantage(
     centered = reward - mean[group]
     variance = group_sum(weight * centered.square(), group, num_groups) / (rows - 1).clamp(min=1)
     advantage = centered / (variance.sqrt()[group] + epsilon) if scale_by_std else centered
+    acted = num_steps > 0
     lowest = torch.full((num_groups,), torch.inf, dtype=reward.dtype, device=reward.device)
     highest = torch.full((num_groups,), -torch.inf, dtype=reward.dtype, device=reward.device)
-    lowest = lowest.scatter_reduce(0, group, reward, "amin")
-    highest = highest.scatter_reduce(0, group, reward, "amax")
-    constant = (lowest == highest)[group]
-    return torch.where(constant, torch.zeros_like(advantage), advantage)
+    lowest = lowest.scatter_reduce(0, group, torch.where(acted, reward, torch.inf), "amin")
+    highest = highest.scatter_reduce(0, group, torch.where(acted, reward, -torch.inf), "amax")
+    no_signal = (lowest == highest)[group] | ~acted
+    return torch.where(no_signal, torch.zeros_like(advantage), advantage)
 
 
 def outcome_advantage(batch: StepBatch, config: CreditConfig) -> Tensor:

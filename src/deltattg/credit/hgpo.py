@@ -12,7 +12,11 @@ K = ``env.history_length`` (2 in the scripts):
 * within each group of ≥ 2 steps: ``mean_std``: (G − μ) / (σ + ε) with the *population* standard deviation;
   ``mean``: G − μ. Groups of one step contribute nothing;
 * the step's advantage combines its *nonzero* group advantages a_k with weights w_k = (k + 1)^α:
-  A = Σ w_k a_k / (Σ w_k + ε) over the nonzero a_k (ε as in verl-agent's ``w_raw / (w_raw.sum() + ε)``), 0 when none;
+  A = Σ w_k a_k / Σ w_k over the nonzero a_k, 0 when none. The normalised weights are a softmax of α·log(k + 1) over
+  the kept items, computed in float64 (:func:`weighted_items`), so every α and K the CLI accepts (|α| ≤ 100,
+  K ≤ 64) gives the exact mixture: raw weights (K + 2)^α overflow float32 from 66^22 on, and verl-agent's
+  ``w_raw / (w_raw.sum() + ε)`` lets ε swamp weights far below 1 (α = −40: 2^−40 ≈ 9e−13 against ε = 1e−6). For
+  α ≥ 0 every kept weight is ≥ 1, so dropping ε moves the result by a relative ≤ ε from verl-agent's;
 * ``base_group=True`` adds the GiGPO episode advantage (step-expanded statistics, sample std, mode as above; see
   ``deltattg.credit.gigpo.episode_advantage``) as one more item with k = 0, weight 1^α = 1, subject to the same
   nonzero filter. Off by default (the HGPO scripts run ``base_group=False``).
@@ -93,26 +97,31 @@ def hgpo_advantages(
     dtype = float_dtype(reward, step_rewards)
     episode = episode_advantage(reward.to(dtype), step_mask.sum(dim=1), group, norm=norm, epsilon=epsilon)
     returns = discounted_returns(step_rewards.to(dtype), step_mask, gamma)
-    weighted = torch.zeros_like(returns)
-    weights = torch.zeros_like(returns)
     items: list[tuple[int, Tensor]] = []
     if base_group:
         items.append((0, torch.where(step_mask, episode[:, None].expand_as(returns), torch.zeros_like(returns))))
     for k in range(1, history + 2):
         items.append((k, hgpo_step_items(returns, anchor, group, step_mask, k, norm=norm, epsilon=epsilon)))
-    for k, advantage in items:
-        kept = advantage != 0
-        weight = float(k + 1) ** alpha
-        weighted = weighted + torch.where(kept, weight * advantage, torch.zeros_like(advantage))
-        weights = weights + weight * kept.to(dtype)
-    advantages = torch.where(weights > 0, weighted / (weights + epsilon), torch.zeros_like(weighted))
-    return episode, advantages
+    levels = torch.tensor([k for k, _ in items], dtype=torch.float64, device=returns.device)
+    return episode, weighted_items(torch.stack([a for _, a in items]), alpha * torch.log1p(levels))
+
+
+def weighted_items(items: Tensor, log_weights: Tensor) -> Tensor:
+    """Σ_k w_k a_k / Σ_k w_k over each step's nonzero items a_k (``items`` ``[I, n, S]``), 0 where none; the weights
+    are given as log w_k (``[I]``). Normalised in log space — exp(log w_k − max over the step's kept items), a
+    softmax — in float64, so neither huge nor tiny weights lose the answer (no overflow, and no ε next to them)."""
+    kept = items != 0
+    scores = torch.where(kept, log_weights.to(torch.float64)[:, None, None], -torch.inf)
+    top = scores.amax(dim=0)
+    share = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))  # 0 where not kept
+    weights = share / share.sum(dim=0).clamp(min=1.0)  # the largest kept share is exp(0) = 1; none kept: all 0
+    return (weights * items.to(torch.float64)).sum(dim=0).to(items.dtype)
 
 
 @register_estimator("hgpo", reads=STEP_GROUP_READS, options=(
-    Option("history", 2, "K: groups over the last k = 1..K+1 anchor observations"),
-    Option("alpha", 1.0, "length weight exponent: w_k ∝ (k+1)^α"), GAMMA, NORM,
-    Option("base_group", False, "also the episode term, as a k = 0 item")))  # fmt: skip
+    Option("history", "K: groups over the last k = 1..K+1 anchor observations", low=0, high=64),
+    Option("alpha", "length weight exponent: w_k ∝ (k+1)^α", low=-100, high=100), GAMMA, NORM,
+    Option("base_group", "also the episode term, as a k = 0 item")))  # fmt: skip
 def hgpo(batch: StepBatch, config: CreditConfig) -> Credit:
     """HGPO: per-step advantages from history groups of 1..K+1 anchor observations, weighted ∝ (k+1)^α (verl-agent)."""
     step_rewards, anchor = step_group_inputs(batch)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deltattg.credit.batch import Credit, CreditConfig, Fallback, StepBatch
+from deltattg.credit.batch import MAX_CREDIT_SETTING, Credit, CreditConfig, Fallback, StepBatch
 from deltattg.credit.registry import Option, Reads, register_estimator
 
 STD_FLOOR = 1e-8  # IGPO's compute_group_stats: σ = sqrt(population variance + 1e-8)
@@ -240,8 +240,8 @@ def a2tgpo_advantages(
 
 # ---- the registered estimators -------------------------------------------------------------------------------------
 ANSWER_READS = frozenset({Reads.ANSWER_PROBS})
-IG_GAMMA = Option("ig_gamma", 1.0, "discount of the accumulated information gains")
-IG_LOG = Option("ig_log", False, "IG in log-probability, log p_t − log p_{t−1}, instead of p_t − p_{t−1}")
+IG_GAMMA = Option("ig_gamma", "discount of the accumulated information gains", low=0, high=1)
+IG_LOG = Option("ig_log", "IG in log-probability, log p_t − log p_{t−1}, instead of p_t − p_{t−1}")
 
 
 def answer_inputs(batch: StepBatch) -> Tensor:
@@ -287,8 +287,8 @@ def igpo(batch: StepBatch, config: CreditConfig) -> Credit:
 
 
 @register_estimator("a2tgpo", reads=ANSWER_READS, options=(
-    IG_GAMMA, Option("ig_alpha", 0.3, "α: A_k = α·D_k + Â_out"),
-    Option("ig_beta", 0.3, "β: turn clip factor c_k = 1 + β(2σ(ĨG_k) − 1)"), IG_LOG))  # fmt: skip
+    IG_GAMMA, Option("ig_alpha", "α: A_k = α·D_k + Â_out", low=0, high=MAX_CREDIT_SETTING),
+    Option("ig_beta", "β: turn clip factor c_k = 1 + β(2σ(ĨG_k) − 1)", low=0, high=1), IG_LOG))  # fmt: skip
 def a2tgpo(batch: StepBatch, config: CreditConfig) -> Credit:
     """A²TGPO: IGPO's gains normalised per (prompt, turn), rescaled, added to the outcome; a per-turn clip range.
 

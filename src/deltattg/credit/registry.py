@@ -72,11 +72,35 @@ the actor's forward passes."""
 
 @dataclass(frozen=True)
 class Option:
-    """A setting of one estimator: its name (a ``CreditConfig`` field), default and meaning."""
+    """A setting of one estimator: a ``CreditConfig`` field (its default is the field's), what it means, and its
+    domain as a command line reads it — ``low`` / ``high`` (``low_open``: ``low`` excluded) for a number, ``choices``
+    for a word; a bool is a ``--flag`` / ``--no-flag``. ``credit`` and ``inspect`` build their options from these
+    records (``deltattg.cli.add_credit_options``); ``CreditConfig`` checks the same domains for every other caller."""
 
     name: str
-    default: Any
     help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+
+    @property
+    def default(self) -> Any:
+        return CreditConfig.__dataclass_fields__[self.name].default
+
+    @property
+    def kind(self) -> type:
+        """The setting's type: that of its default, a float where it has none (C)."""
+        return float if self.default is None else type(self.default)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+EPSILON = Option("epsilon", "ε of the group standard deviation (Eq. 14)", low=0, low_open=True, high=1)
+"""The one setting every estimator reads (its outcome advantage's group normalisation)."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from deltattg.credit.batch import MeterReadings
+from deltattg.ranks import average_ranks
 
 TRUST_MODES = ("none", "auc")
 
@@ -96,8 +97,6 @@ def capped_shares(shares: Tensor, step_mask: Tensor, kappa: float) -> Tensor:
 def within_group_auc(scores: Tensor, success: Tensor, group: Tensor) -> float:
     """The probability that a successful trajectory's score exceeds a failed one's *of the same group* (ties count
     half), over every such pair in the batch (Mann–Whitney within each group, pooled); NaN without any pair."""
-    from deltattg.meter.fit import average_ranks
-
     wins, pairs = 0.0, 0
     for g in group.unique().tolist():
         members = group == g

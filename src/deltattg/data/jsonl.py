@@ -155,22 +155,55 @@ def check_output_file(path: str | os.PathLike) -> Path:
     return path
 
 
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, deepest first (what ``mkdir(parents=True)`` creates)."""
+    missing = []
+    for path in [folder, *folder.parents]:
+        if path.exists() or path.is_symlink():
+            break
+        missing.append(path)
+    return missing
+
+
+def cannot_write(path: str | os.PathLike, exc: OSError) -> InputError:
+    """The ``InputError`` of an ``OSError`` met writing ``path``."""
+    return InputError(f"cannot write: {exc.strerror or exc}", path=str(path))
+
+
+def check_writable(path: str | os.PathLike, *, folder: bool = False) -> None:
+    """Refuse (``InputError``) an output that could not be written: a file (``folder=False``: written in its parent
+    folder) or a folder (written in itself), probed by creating and removing a temporary file in the nearest existing
+    folder on its way. Nothing is left behind."""
+    target = Path(path).expanduser()
+    where = target if folder else target.parent
+    missing = missing_folders(where)
+    existing = missing[-1].parent if missing else where
+    if not existing.is_dir():
+        raise InputError(f"cannot write: {existing} is not a folder", path=str(path))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".deltattg-probe.", suffix=".tmp", dir=existing)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[IO[str]]:
+def atomic_output(path: str | os.PathLike, *, binary: bool = False) -> Iterator[IO[Any]]:
     """Write to a temporary file next to ``path`` and move it into place only on success.
 
     On any exception the temporary file is removed and ``path`` is left as it was. The file keeps the permission bits
     of the one it replaces (a new one gets 0666 & ~umask); a folder at ``path`` or an unwritable folder raise
-    ``InputError`` before anything is written.
+    ``InputError`` before anything is written. The handle is UTF-8 text, or bytes with ``binary`` (parquet).
     """
     path = check_output_file(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror or exc}", path=str(path)) from None
+        raise cannot_write(path, exc) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as handle:
             yield handle
         os.chmod(tmp, output_mode(path))
         os.replace(tmp, path)
@@ -194,3 +227,22 @@ def require_finite(value: float, field: str) -> float:
     if not math.isfinite(value):
         raise InputError(f"must be finite, got {value!r}", field=field)
     return value
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` (JSON-like) with every non-finite float replaced by ``None``, so it is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    """``value`` as one indented strict-JSON document at ``path``, written atomically; a non-finite number (an
+    undefined statistic) is ``null`` (:func:`finite_or_null`)."""
+    with atomic_output(path) as handle:
+        json.dump(finite_or_null(value), handle, indent=2, allow_nan=False)
+        handle.write("\n")

@@ -147,6 +147,13 @@ def assistant_indices(messages: list[dict]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
 
 
+def action_texts(trajectory: Trajectory) -> list[str]:
+    """The text of each action (assistant message), t = 0..T−1: a list of content parts joined (:func:`text_of`);
+    empty when the record has no messages."""
+    messages = trajectory.messages or []
+    return [text_of(messages[index].get("content")) for index in assistant_indices(messages)]
+
+
 def anchor_observations(trajectory: Trajectory) -> list[str]:
     """The anchor observation of each step (GiGPO's state key): the observation its action answered —
     ``steps[t].observation`` where the rollout recorded it, else the contents of the non-assistant messages between

@@ -70,12 +70,12 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run every stage, write the report, print the summary table (bad options, missing data or extras: a usage
     error, exit 2)."""
-    from deltattg.demo.config import demo_config
+    from deltattg.regime.config import regime_config
     from deltattg.demo.pipeline import run_demo
     from deltattg.demo.report import summary_table, write_report
 
     try:
-        config = demo_config(quick=args.quick, model=args.model, env=args.env, data_dir=args.data, seed=args.seed,
+        config = regime_config(quick=args.quick, model=args.model, env=args.env, data_dir=args.data, seed=args.seed,
                              threads=args.threads)
     except ValueError as exc:  # an option combination the demo does not run
         raise UsageError(str(exc)) from exc

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from deltattg.demo.pipeline import DemoResult, GuidanceRow
+from deltattg.demo.pipeline import DemoResult
+from deltattg.guidance import guidance_header, guidance_row
 from deltattg.meter.fit import MeterFit
+from deltattg.report import markdown_table, percent, pyplot, save_figure, text_table
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 
@@ -34,11 +36,6 @@ def color(arm: str, index: int = 0) -> str:
 SUCCESS_PLOT, METER_PLOT = "success.png", "meter_fit.png"
 CREDIT_DIR = "credit"  # deltattg inspect's report of the demo's credit: inspect.md, inspect.json, inspect.png
 TRAIN_WINDOW = 5  # steps averaged for the "training success at the end" column
-
-
-def percent(rate: float) -> str:
-    """A success rate as the report prints it (percent, one decimal; "-" for none)."""
-    return "-" if math.isnan(rate) else f"{100 * rate:.1f}"
 
 
 # ---- reading the metrics records -------------------------------------------------------------------------------------
@@ -80,15 +77,6 @@ class RunSummary:
 
 
 # ---- plots -----------------------------------------------------------------------------------------------------------
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_success(runs: dict[str, list[dict]], path: Path) -> None:
     """Held-out success (greedy solid, sampled dashed) and training-rollout success (thin) against training steps
     and against cumulative actor response tokens (Fig. 3 a/b)."""
@@ -114,8 +102,7 @@ def plot_success(runs: dict[str, list[dict]], path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle("GRPO vs DeltaTTG: same initial actor, seed and budget")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_meter_fit(fit: MeterFit, path: Path) -> None:
@@ -138,25 +125,10 @@ def plot_meter_fit(fit: MeterFit, path: Path) -> None:
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------------
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub markdown table; ``|`` inside a cell is escaped."""
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
-
-
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows])
-
-
 RL_HEADER = ("method", "eval greedy % (start → final)", "eval sampled % (start → final)",
              f"train success % (last {TRAIN_WINDOW} steps)", "s / step", "meter share")  # fmt: skip
 
@@ -165,15 +137,6 @@ def rl_rows(summaries: Sequence[RunSummary]) -> list[list[str]]:
     return [[label(s.method), f"{percent(s.greedy_start)} → {percent(s.greedy_final)}",
              f"{percent(s.sampled_start)} → {percent(s.sampled_final)}", percent(s.train_final),
              f"{s.seconds_per_step:.2f}", f"{100 * s.meter_share:.1f}%"] for s in summaries]  # fmt: skip
-
-
-def guidance_header(candidates: int) -> tuple[str, ...]:
-    return ("actor", "split", "natural rollout (1) SR %", "Steps", f"random selection ({candidates}) SR %", "Steps",
-            f"progress meter ({candidates}) SR %", "Steps")  # fmt: skip
-
-
-def guidance_row(actor: str, split: str, rows: Sequence[GuidanceRow]) -> list[str]:
-    return [actor, split, *(cell for row in rows for cell in (percent(row.success), f"{row.steps:.2f}"))]
 
 
 def summary_table(result: DemoResult) -> str:

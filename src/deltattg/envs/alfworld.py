@@ -84,7 +84,7 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
     chosen = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
     if not chosen:
         raise FileNotFoundError(f"no ALFWorld data: pass the json_2.1.1 folder (--data) or set {DATA_ENV_VAR}")
-    root = Path(chosen).expanduser()
+    root = Path(chosen).expanduser().resolve()  # absolute game paths: a task names its game file wherever it is read
     if not root.is_dir():
         raise FileNotFoundError(f"ALFWorld data folder {root} does not exist")
     return root
@@ -206,6 +206,14 @@ class ALFWorldEnv:
     def tasks(self, split: str) -> Sequence[Task]:
         """The split's games (``SPLITS``), sorted by id."""
         return find_tasks(data_root(self.data_dir), split)
+
+    def describe(self) -> dict[str, Any]:
+        """``{"name": "alfworld", "options": {"data", "max_steps"}}`` (``Describable``): what
+        ``envs.registry.rebuild`` needs, e.g. in verl's workers. ``data`` is the data folder made absolute (None:
+        ``$ALFWORLD_DATA`` where it is rebuilt); a task names its own game file. ``plan_seconds`` is the expert's
+        budget, not part of the game, and is not recorded."""
+        data = None if self.data_dir is None else str(Path(self.data_dir).expanduser().resolve())
+        return {"name": self.name, "options": {"data": data, "max_steps": self.max_steps}}
 
     def reset(self, task: Task) -> str:
         game_file = task.data["game_file"]

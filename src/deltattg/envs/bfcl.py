@@ -266,6 +266,11 @@ class BFCLEnv:
         """A multi-turn category's 200 entries (``CATEGORIES``)."""
         return load_tasks(split)
 
+    def describe(self) -> dict[str, Any]:
+        """``{"name": "bfcl", "options": {"max_steps"}}`` (``Describable``): what ``envs.registry.rebuild`` needs,
+        e.g. in verl's workers; the entries ship with ``bfcl-eval`` and each task carries its own."""
+        return {"name": self.name, "options": {"max_steps": self.max_steps}}
+
     def reset(self, task: Task) -> str:
         self._release()
         entry = task.data["entry"]
@@ -298,6 +303,21 @@ class BFCLEnv:
 
     def admissible_actions(self) -> None:
         return None
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools the actor has been shown so far: the system prompt's, plus those a miss_func turn has added
+        (``deltattg.rollout.random_calls.HasToolCalls``: what the random policy calls)."""
+        entry = self._live_task().data["entry"]
+        added = [doc for turn, docs in entry["missed_function"].items() if int(turn) <= self._turn for doc in docs]
+        return [*entry["function"], *added]
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        """``[name(arg=value, ...)]``: one call in the action format, literal keyword arguments."""
+        return f"[{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})]"
+
+    def plain_replies(self) -> list[str]:
+        """The call-free reply: it closes the user turn."""
+        return [END_OF_TURN]
 
     def expert_action(self) -> str:
         """The ground truth one call per step: the current turn's next pending call as ``[call]`` (all pending calls

@@ -507,6 +507,25 @@ class Tau2Env:
     def admissible_actions(self) -> None:
         return None
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The agent's tools and (telecom) the user's device actions, ``{"name", "parameters", ...}`` each
+        (``deltattg.rollout.random_calls.HasToolCalls``: what the random policy calls)."""
+        self._live()
+        agent, user, _ = _tool_schemas(self._task.data["domain"])
+        return [tool["function"] for tools in (agent, user) if tools for tool in json.loads(tools)]
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        """The reply that makes the call: the call itself for an agent tool, a message asking the user for a device
+        action (:func:`gold_reply`)."""
+        self._live()
+        domain = self._task.data["domain"]
+        mine = name in agent_tools(domain) or name not in user_tools(domain)
+        return gold_reply("assistant" if mine else "user", name, arguments)
+
+    def plain_replies(self) -> list[str]:
+        """Call-free replies: a question to the user, or ending the conversation."""
+        return [IDLE_QUESTION, closing_message([])]
+
     def reset(self, task: Task) -> str:
         domain = task.data["domain"]
         if self.domain is not None and domain != self.domain:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from deltattg.command import UsageError
 from deltattg.data.sources import Located
 from deltattg.data.tokens import resolve_step_tokens
-from deltattg.data.trajectory import Trajectory
+from deltattg.data.trajectory import Trajectory, assistant_indices
 from deltattg.errors import InputError
 from deltattg.meter.base import Meter
-from deltattg.meter.loading import read_states
+from deltattg.meter.loading import CONFIG_NAME, read_states
 from deltattg.meter.step_quality import (
     StepQuality,
     baseline_rows,
@@ -68,35 +73,149 @@ def _located_tokens(item: Located, tokenizer: Any) -> list[int]:
 # ---- train-meter --------------------------------------------------------------------------------------------------
 
 
+def _local_spec(spec: str | None) -> Path | None:
+    """The local file or folder a model or tokenizer spec reads (the folder of ``DIR::FILE.gguf``), resolved; ``None``
+    for a Hub id, the named ``smollm2`` spec or no spec."""
+    from deltattg.hf import SMOLLM2, looks_local
+
+    if spec is None or spec == SMOLLM2:
+        return None
+    folder, sep, _ = spec.partition("::")
+    return Path(folder).expanduser().resolve() if sep or looks_local(folder) else None
+
+
+def check_meter_output(out: str, *, model: str, tokenizer: str | None = None) -> None:
+    """Refuse, before any work, an ``--out`` that would write into a model or tokenizer it reads (the same folder,
+    one inside it, or one holding it; compared as resolved paths) or that cannot be written (a file on its way, a
+    read-only place): ``InputError`` naming it. Nothing is created."""
+    from deltattg.data.jsonl import check_writable
+
+    target = Path(out).expanduser().resolve()
+    for option, spec in (("--model", model), ("--tokenizer", tokenizer)):
+        source = _local_spec(spec)
+        if source is not None and (source == target or source in target.parents or target in source.parents):
+            where = "is" if source == target else "is inside" if source in target.parents else "holds"
+            raise InputError(f"--out {where} the {option} folder ({spec}): refusing to write the meter over what it "
+                             "trains from; choose another --out", path=out)
+    for folder in (target, partial_folder(target)):  # the meter is built next to --out, then moved into it
+        try:
+            check_writable(folder, folder=True)
+        except InputError as exc:
+            raise InputError(exc.message, path=out) from None
+
+
+def partial_folder(out: Path) -> Path:
+    """Where a meter for ``out`` is built: ``.NAME.partial`` next to it (kept by a failed or interrupted run, so the
+    same command resumes from its feature cache and checkpoints)."""
+    return out.with_name(f".{out.name}.partial")
+
+
+@contextlib.contextmanager
+def staged_meter_folder(out: str | os.PathLike) -> Iterator[Path]:
+    """A work folder (:func:`partial_folder`) to build the meter for ``out`` in, published to ``out`` only when the
+    block ends without an exception, so ``out`` never holds half a meter. The folder is held by this process alone
+    (a second run on the same ``out`` is refused); the feature cache of a meter already at ``out`` is reused. On
+    failure the work folder is removed if nothing was written in it, else kept (and said so) for the next run."""
+    from deltattg.rollout.output import LOCK_FILE, held_folder
+
+    target = Path(out).expanduser().resolve()
+    work = partial_folder(target)
+    with held_folder(work):
+        _reuse_feature_cache(target, work)
+        try:
+            yield work
+        except BaseException:
+            if any(p.name != LOCK_FILE for p in work.iterdir()):
+                print(f"deltattg: the work done so far is kept in {work}: the same command resumes from it (delete it "
+                      "to start over)", file=sys.stderr)  # fmt: skip
+            raise
+        (work / LOCK_FILE).unlink()
+        publish_meter_folder(work, target)
+
+
+def _reuse_feature_cache(out: Path, work: Path) -> None:
+    """Link (else copy) the feature cache of a meter already at ``out`` into ``work``: retraining heads into the same
+    ``--out`` reads the features again (a cache: any failure to do so is only a recomputation)."""
+    from deltattg.meter.train_regression import FEATURES_NAME
+
+    source, copy = out / FEATURES_NAME, work / FEATURES_NAME
+    if not source.is_file() or copy.exists():
+        return
+    try:
+        os.link(source, copy)
+    except OSError:
+        with contextlib.suppress(OSError):
+            shutil.copy2(source, copy)
+
+
+def publish_meter_folder(work: Path, out: Path) -> None:
+    """Move the meter built in ``work`` to ``out``: one rename where ``out`` does not exist; into an existing ``out``
+    entry by entry (other files there stay), its old ``meter_config.json`` removed first and the new one moved last,
+    so ``out`` never reads as a meter mixing two runs' files. ``work`` is gone afterwards."""
+    try:
+        if not out.exists():
+            work.rename(out)
+            return
+        (out / CONFIG_NAME).unlink(missing_ok=True)
+        for entry in sorted(work.iterdir(), key=lambda p: p.name == CONFIG_NAME):
+            _replace_entry(entry, out / entry.name)
+        work.rmdir()
+    except OSError as exc:
+        raise InputError(f"cannot write the meter here: {exc.strerror or exc}", path=str(out)) from None
+
+
+def _replace_entry(entry: Path, target: Path) -> None:
+    """Move the file or folder ``entry`` to ``target``, replacing whatever is there."""
+    if target.exists() and os.path.samefile(entry, target):  # a hard link of it (the reused feature cache)
+        entry.unlink()  # (renaming one link of a file onto another does nothing)
+        return
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif entry.is_dir() and (target.exists() or target.is_symlink()):
+        target.unlink()
+    os.replace(entry, target)
+
+
+def announce_training(kind: str, trajectories: int, turn_limit: int | None) -> None:
+    """What is about to be trained, on stderr (once every setting and record was checked)."""
+    if turn_limit is not None:
+        print(f"marking each decision state with the turns left of a {turn_limit}-turn limit", file=sys.stderr)
+    print(f"training a {kind} meter on {trajectories} trajectories", file=sys.stderr)
+
+
 def train_regression(items: Sequence[Located], model: str, output_dir: str, *, count_tokenizer: Any = None,
                      meter_settings: dict[str, Any], train_settings: dict[str, Any],
                      calibration: Sequence[Located] = ()) -> dict:
     """A regression meter on ``model``'s backbone, trained on every decision state of ``items`` (outcomes only);
-    with ``calibration`` trajectories, its completion temperature fitted on their states (report: ``calibration``)."""
+    with ``calibration`` trajectories, its completion temperature fitted on their states (report: ``calibration``).
+    Every record is checked before training starts; the meter appears at ``output_dir`` whole, or not at all."""
     from deltattg.meter.regression import RegressionMeter
     from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 
-    try:
-        meter = RegressionMeter.from_backbone(model, **meter_settings)
-    except InputError:
-        raise
-    except ValueError as exc:  # a setting the backbone cannot honour (--layer beyond its depth)
-        raise InputError(str(exc)) from None
-    tokenizer = count_tokenizer or meter.tokenizer
-    windows, examples = [], []
-    for item in items:
-        w, e = trajectory_examples(meter, _messages(item), item.trajectory.success, _located_tokens(item, tokenizer),
-                                   len(windows), item.trajectory.reward)
-        windows += w
-        examples += e
-    settings = RegressionTrainConfig(output_dir=output_dir, **train_settings)
-    report = train_regression_meter(meter, windows, examples, settings)
-    if calibration:
-        from deltattg.meter.fit import calibrate
+    with staged_meter_folder(output_dir) as work:
+        try:
+            meter = RegressionMeter.from_backbone(model, **meter_settings)
+        except InputError:
+            raise
+        except ValueError as exc:  # a setting the backbone cannot honour (--layer beyond its depth)
+            raise InputError(str(exc)) from None
+        tokenizer = count_tokenizer or meter.tokenizer
+        windows, examples = [], []
+        for item in items:
+            w, e = trajectory_examples(meter, _messages(item), item.trajectory.success,
+                                       _located_tokens(item, tokenizer), len(windows), item.trajectory.reward)
+            windows += w
+            examples += e
+        heldout = [_trajectory(item) for item in calibration]
+        settings = RegressionTrainConfig(output_dir=str(work), **train_settings)
+        announce_training("regression", len(items), meter_settings.get("turn_limit"))
+        report = train_regression_meter(meter, windows, examples, settings)
+        if heldout:
+            from deltattg.meter.fit import calibrate
 
-        report["calibration"] = calibrate(meter.eval(), [_trajectory(item) for item in calibration]).as_dict()
-        meter.save_pretrained(output_dir, include_backbone=not settings.freeze_backbone)
-        (Path(output_dir) / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+            report["calibration"] = calibrate(meter.eval(), heldout).as_dict()
+            meter.save_pretrained(work, include_backbone=not settings.freeze_backbone)
+            (work / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -104,37 +223,63 @@ def train_generative(items: Sequence[Located], model: str, output_dir: str, *, s
                      max_prompt_tokens: int | None, lora: bool, train_settings: dict[str, Any],
                      turn_limit: int | None = None) -> None:
     """The paper's generative meter: SFT (Eq. 3), then optionally GRPO refinement (D.2, our reconstructed reward);
-    with ``turn_limit``, every prompt states the turns left (and the meter keeps the limit)."""
+    with ``turn_limit``, every prompt states the turns left (and the meter keeps the limit). Records, the prompt
+    budget and the trainers' settings are checked before training starts; the meter appears at ``output_dir`` whole,
+    or not at all."""
+    from deltattg.meter.train_generative import train_grpo, train_sft
+
+    with staged_meter_folder(output_dir) as work:
+        meter, dataset = _generative_data(items, model, count_tokenizer, max_prompt_tokens, turn_limit)
+        sft_target = work / "sft" if stage == "sft+grpo" else work
+        sft_args, grpo_args = _generative_configs(stage, sft_target, work, meter.max_new_tokens, train_settings)
+        peft = None
+        if lora:
+            from peft import LoraConfig
+
+            peft = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        announce_training("generative", len(items), turn_limit)
+        if sft_args is not None:
+            meter = train_sft(meter, dataset, sft_target, args=sft_args, peft_config=peft,
+                              resume_from_checkpoint=_latest_checkpoint(sft_target))
+        if grpo_args is not None:
+            train_grpo(meter, dataset, work, args=grpo_args, peft_config=peft,
+                       resume_from_checkpoint=_latest_checkpoint(work))
+
+
+def _generative_data(items: Sequence[Located], model: str, count_tokenizer: Any, max_prompt_tokens: int | None,
+                     turn_limit: int | None) -> tuple[Any, Any]:
+    """The untrained generative meter and its training dataset; a bad record is refused with its file and line, a
+    model or prompt budget the meter cannot use (``--max-length`` below its instruction) as a usage error."""
     from deltattg.meter.generative import GenerativeMeter
-    from deltattg.meter.train_generative import (
-        grpo_config,
-        meter_dataset,
-        sft_config,
-        train_grpo,
-        train_sft,
-        trajectory_records,
-    )
+    from deltattg.meter.train_generative import meter_dataset, trajectory_records
 
-    meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit,
-                                            **({"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
-    tokenizer = count_tokenizer or meter.tokenizer
-    for item in items:
-        _located_tokens(item, tokenizer)  # locate bad records before any training starts
-    records = list(trajectory_records([item.trajectory for item in items], tokenizer))
-    dataset = meter_dataset(records, meter.tokenizer, meter.max_prompt_tokens, meter.turn_limit)
-    peft = None
-    if lora:
-        from peft import LoraConfig
+    try:
+        meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit, **(
+            {"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
+        tokenizer = count_tokenizer or meter.tokenizer
+        for item in items:
+            _located_tokens(item, tokenizer)  # locate bad records before any training starts
+        records = list(trajectory_records([item.trajectory for item in items], tokenizer))
+        return meter, meter_dataset(records, meter.tokenizer, meter.max_prompt_tokens, meter.turn_limit)
+    except InputError:
+        raise
+    except ValueError as exc:  # a prompt budget below the meter's instruction, a meter folder of another kind
+        raise UsageError(f"--model {model} (--max-length {max_prompt_tokens}): {exc}") from None
 
-        peft = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    out = Path(output_dir)
-    if stage in ("sft", "sft+grpo"):
-        target = out / "sft" if stage == "sft+grpo" else out
-        meter = train_sft(meter, dataset, target, args=sft_config(target, **train_settings), peft_config=peft,
-                          resume_from_checkpoint=_latest_checkpoint(target))
-    if stage in ("grpo", "sft+grpo"):
-        grpo = grpo_config(out, max_completion_length=meter.max_new_tokens, **train_settings)
-        train_grpo(meter, dataset, out, args=grpo, peft_config=peft, resume_from_checkpoint=_latest_checkpoint(out))
+
+def _generative_configs(stage: str, sft_target: Path, grpo_target: Path, max_new_tokens: int,
+                        settings: dict[str, Any]) -> tuple[Any, Any]:
+    """The SFT and GRPO trainer configs ``stage`` runs (``None`` for a stage it skips), built before any training so
+    that a setting a trainer refuses (GRPO's batch not a multiple of its group) stops the run at once."""
+    from deltattg.meter.train_generative import grpo_config, sft_config
+
+    try:
+        sft = sft_config(sft_target, **settings) if stage in ("sft", "sft+grpo") else None
+        grpo = (grpo_config(grpo_target, max_completion_length=max_new_tokens, **settings)
+                if stage in ("grpo", "sft+grpo") else None)  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(f"--stage {stage}: the trainer refuses these settings: {exc}") from None
+    return sft, grpo
 
 
 def _latest_checkpoint(folder: Path) -> str | None:
@@ -171,6 +316,24 @@ def score_records(items: Sequence[Located], meter: Meter, *, asked: Sequence[boo
         record["meter"] = [None if r is None else r.to_json() for r in readings.get(k, [None] * steps)]
         out.append(record)
     return out
+
+
+# ---- eval-meter ---------------------------------------------------------------------------------------------------
+
+
+def evaluate_meter(items: Sequence[Located], meter: Meter, reference: Meter | None = None) -> tuple[Any, Any]:
+    """``(MeterFit, Agreement or None)``: ``meter`` on every nonterminal decision state of ``items`` (and its agreement
+    with ``reference`` on the same states). Records the meters cannot read are refused with their file and line; input
+    without a single decision state is refused naming it (there is nothing to measure)."""
+    from deltattg.meter.fit import agreement_of, fit_of
+
+    trajectories = [_trajectory(item) for item in items]
+    if not any(assistant_indices(t.messages or []) for t in trajectories):
+        raise InputError("no decision state to read: no record has an action (an assistant message)",
+                         path=items[0].path if items else None)  # fmt: skip
+    ours = _read_located(meter, items)
+    fit = fit_of(trajectories, ours)
+    return fit, None if reference is None else agreement_of(ours, _read_located(reference, items))
 
 
 # ---- eval-steps ---------------------------------------------------------------------------------------------------

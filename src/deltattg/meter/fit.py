@@ -14,6 +14,7 @@ import numpy as np
 from deltattg.data.labels import remaining_sums
 from deltattg.data.trajectory import Trajectory
 from deltattg.meter.loading import read_states
+from deltattg.ranks import spearman
 
 
 def mean(values: Sequence[float]) -> float:
@@ -79,18 +80,13 @@ class MeterFit:
         return mean([abs(t - p) for t, p in zip(true, predicted)])
 
 
-def average_ranks(values: Sequence[float]) -> np.ndarray:
-    """Ranks 0..n−1 of ``values``, ties given the mean of the ranks they span."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    _, tie, counts = np.unique(np.asarray(values), return_inverse=True, return_counts=True)
-    return (np.bincount(tie, weights=ranks) / counts)[tie]
-
-
 def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
     """The meter's reading of every nonterminal decision state of ``trajectories``, next to its labels."""
-    readings, _ = read_states(meter, trajectories)
+    return fit_of(trajectories, read_states(meter, trajectories)[0])
+
+
+def fit_of(trajectories: Sequence[Trajectory], readings: Sequence[Sequence[Any]]) -> MeterFit:
+    """:class:`MeterFit` of readings already taken (``read_states`` rows, one per trajectory); invalid ones skipped."""
     fit = MeterFit([], [], [], [])
     for trajectory, row in zip(trajectories, readings):
         for t, (ttg, reading) in enumerate(zip(remaining_sums(trajectory.step_tokens or []), row)):
@@ -103,13 +99,6 @@ def meter_fit(meter: Any, trajectories: Sequence[Trajectory]) -> MeterFit:
             fit.steps.append(t)
             fit.probability.append(reading.probability)
     return fit
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation (ties share their mean rank); NaN for fewer than three pairs or a constant side."""
-    if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
-        return float("nan")
-    return float(np.corrcoef(average_ranks(a), average_ranks(b))[0, 1])
 
 
 @dataclass(frozen=True)
@@ -125,10 +114,9 @@ class Agreement:
                 "ttg_spearman": self.ttg_spearman}  # fmt: skip
 
 
-def agreement(meter: Any, reference: Any, trajectories: Sequence[Trajectory]) -> Agreement:
-    """How ``meter`` agrees with ``reference`` on every nonterminal decision state of ``trajectories``."""
-    ours, _ = read_states(meter, trajectories)
-    theirs, _ = read_states(reference, trajectories)
+def agreement_of(ours: Sequence[Sequence[Any]], theirs: Sequence[Sequence[Any]]) -> Agreement:
+    """How one meter agrees with another on the same nonterminal decision states: their ``read_states`` rows of the
+    same trajectories."""
     pairs = [(a, b) for row_a, row_b in zip(ours, theirs) for a, b in zip(row_a, row_b)
              if a is not None and b is not None]  # fmt: skip
     ttg = [(a.tokens_to_go, b.tokens_to_go) for a, b in pairs

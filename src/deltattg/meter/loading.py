@@ -112,6 +112,35 @@ def meter_kind(path: str | Path) -> str | None:
     return None if config is None else config["kind"]
 
 
+TRAINING_TRACES = ("features.pt", "train_report.json", "head.pt", "sft", "checkpoint-*")  # train-meter's first files
+
+
+def check_meter_folder(folder: Path, kind: str | None) -> None:
+    """A folder given as a meter holds a whole one, else ``InputError`` naming what is missing: a regression meter its
+    ``head.pt`` (and ``backbone/`` when saved with it), a generative meter or a bare HF model its ``config.json``. A
+    folder with neither ``meter_config.json`` nor ``config.json`` is no meter; ``train-meter``'s files in it are named
+    as those of a run that did not finish."""
+    from deltattg.errors import InputError
+    from deltattg.meter.regression import BACKBONE_DIR, HEAD_NAME
+
+    if kind == "regression":
+        config = read_meter_config(folder) or {}
+        missing = [] if (folder / HEAD_NAME).is_file() else [HEAD_NAME]
+        if config.get("backbone") == BACKBONE_DIR and not (folder / BACKBONE_DIR).is_dir():
+            missing.append(f"{BACKBONE_DIR}/")
+    elif (folder / "config.json").is_file():
+        return
+    else:
+        missing = ["config.json (the model)" if kind == "generative"
+                   else f"{CONFIG_NAME} (nor an HF model's config.json)"]  # fmt: skip
+    if not missing:
+        return
+    traces = sorted({p.name for pattern in TRAINING_TRACES for p in folder.glob(pattern)})
+    hint = f"; it holds {', '.join(traces)}: a train-meter run that did not finish? train it again" if traces else ""
+    what = "not a meter" if kind is None else "not a complete meter"
+    raise InputError(f"{what}: no {' and no '.join(missing)}{hint}", path=str(folder))
+
+
 def load_meter(
     spec: str | Path,
     *,
@@ -159,6 +188,8 @@ def load_meter(
         endpoint = EndpointMeter(spec, endpoint_model, timeout_s=endpoint_timeout_s, turn_limit=turn_limit)
         return CachedMeter(endpoint, ScoreCache(cache) if cache else None, cache_invalid=False)
     kind = meter_kind(spec)
+    if Path(spec).expanduser().is_dir():
+        check_meter_folder(Path(spec).expanduser(), kind)
     if kind == "regression":
         from deltattg.meter.regression import RegressionMeter
 

@@ -31,6 +31,7 @@ import numpy as np
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import MAX_TOKENS_TO_GO, MeterOutput, Trajectory
 from deltattg.envs.household.progress import ExpertPaths, replay
+from deltattg.errors import InputError
 from deltattg.meter.prompt import prefix_hash
 
 ORACLE = "oracle"
@@ -76,6 +77,15 @@ def degraded(reading: MeterOutput, config: OracleConfig, rng: np.random.Generato
     return MeterOutput(can_complete=can, tokens_to_go=value)
 
 
+def check_turn_limit(max_turns: int, actions: int) -> None:
+    """A record cannot have taken more actions than the turn limit it says it ran under (every episode stops at its
+    limit): such a limit would read every state "cannot complete", a success included. ``InputError`` on
+    ``env.max_turns``."""
+    if actions > max_turns:
+        raise InputError(f"a turn limit of {max_turns} is smaller than the record's own {actions} actions: the "
+                         "episode cannot have run under it", field="env.max_turns")
+
+
 class OracleMeter:
     """The planner as a progress meter (module doc). ``tokenizer`` counts tokens as ``labels`` does."""
 
@@ -107,6 +117,7 @@ class OracleMeter:
     def read_trajectory(self, trajectory: Trajectory, terminal: bool = False) -> list[MeterOutput]:
         """Readings of h_0..h_{T−1} (and h_T with ``terminal``); raises ``InputError`` if the record does not replay."""
         replayed = replay(trajectory)
+        check_turn_limit(replayed.max_turns, len(replayed.states) - 1)
         distances = replayed.distances()
         count = len(distances) if terminal else len(distances) - 1
         messages = trajectory.messages or []

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deltattg.data.trajectory import MeterOutput, assistant_indices
+from deltattg.data.trajectory import MAX_MAGNITUDE, MAX_TOKENS_TO_GO, MeterOutput, assistant_indices
 from deltattg.meter.prompt import serialize_message, shorten, turns_left_note
 
 HEADER = (
@@ -40,6 +40,7 @@ CONFIG_NAME = "meter_config.json"
 POOLINGS = ("last", "last+mean")
 TARGETS = ("ttg", "score")
 HEAD_NAME = "head.pt"
+BACKBONE_DIR = "backbone"  # the folder of a meter saved with its backbone (meter_config.json: "backbone": "backbone")
 
 
 @dataclass(frozen=True)
@@ -198,16 +199,22 @@ def make_head(width: int, config: RegressionConfig) -> nn.Module:
     return HeadEnsemble([ProgressHead(width, config.head_hidden) for _ in range(config.ensemble)], config.target)
 
 
-def readings_from_head(outputs: Tensor, target: str = "ttg", temperature: float = 1.0) -> list[MeterOutput]:
+def readings_from_head(outputs: Tensor, target: str = "ttg", temperature: float = 1.0) -> list[MeterOutput | None]:
     """``ttg``: b̂ = [logit > 0], v̂ = round(expm1(ŷ)) ≥ 0, the logit itself (E.4 +logit) and the calibrated
     probability p̃ = σ(logit / temperature); v̂ is kept where b̂ = 0 too (the head predicts the remaining work *if* the
-    task completes). ``score``: the logit and the predicted final score S(h) (E.4 +value), no (b̂, v̂)."""
-    out = []
+    task completes). ``score``: the logit and the predicted final score S(h) (E.4 +value), no (b̂, v̂). A row with a
+    NaN is an invalid reading (``None``, as an unparseable answer is); the others are clamped to what a record may
+    hold (|logit|, |score| ≤ 10⁹, v̂ ≤ 10¹²), so every reading written can be read back."""
+    out: list[MeterOutput | None] = []
     for logit, value in outputs.detach().float().cpu().tolist():
-        if target == "score":
-            out.append(MeterOutput(logit=logit, score=value))
+        if math.isnan(logit) or math.isnan(value):
+            out.append(None)
             continue
-        ttg = float(max(round(math.expm1(min(value, 40.0))), 0))
+        logit = min(max(logit, -MAX_MAGNITUDE), MAX_MAGNITUDE)
+        if target == "score":
+            out.append(MeterOutput(logit=logit, score=min(max(value, -MAX_MAGNITUDE), MAX_MAGNITUDE)))
+            continue
+        ttg = float(min(max(round(math.expm1(min(value, 40.0))), 0), MAX_TOKENS_TO_GO))
         out.append(MeterOutput(can_complete=logit > 0, tokens_to_go=ttg, logit=logit,
                                probability=calibrated_probability(logit, temperature)))  # fmt: skip
     return out
@@ -277,9 +284,9 @@ class RegressionMeter(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         config = asdict(self.config)
         if include_backbone:
-            self.backbone.save_pretrained(directory / "backbone")
-            self.tokenizer.save_pretrained(directory / "backbone")
-            config["backbone"] = "backbone"
+            self.backbone.save_pretrained(directory / BACKBONE_DIR)
+            self.tokenizer.save_pretrained(directory / BACKBONE_DIR)
+            config["backbone"] = BACKBONE_DIR
         torch.save(self.head.state_dict(), directory / HEAD_NAME)
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
@@ -290,7 +297,7 @@ class RegressionMeter(nn.Module):
         spec = str(directory / config.backbone) if (directory / config.backbone).is_dir() else config.backbone
         meter = cls.from_backbone(spec, **{k: v for k, v in asdict(config).items() if k not in ("backbone",)})
         meter.config = config
-        from deltattg.train.checkpoint import safe_load  # weights-only: loading a meter never runs code
+        from deltattg.data.pt_files import safe_load  # weights-only: loading a meter never runs code
 
         meter.head.load_state_dict(safe_load(directory / HEAD_NAME))
         meter._id = f"regression-{_digest(directory)}"
@@ -356,7 +363,7 @@ class RegressionMeter(nn.Module):
         return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs).hidden_states[self.config.layer]
 
     @torch.no_grad()
-    def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput]]:
+    def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput | None]]:
         """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window."""
         plans = [self.windows(messages) for messages in trajectories]
         flat = [w for plan in plans for w in plan]
@@ -386,7 +393,7 @@ class RegressionMeter(nn.Module):
                 rows[k] = row
         return self.readings(self.head(torch.stack(rows)))  # type: ignore[arg-type]
 
-    def readings(self, outputs: Tensor) -> list[MeterOutput]:
+    def readings(self, outputs: Tensor) -> list[MeterOutput | None]:
         """The head's ``[B, 2]`` outputs as readings, with this meter's target and fitted temperature."""
         return readings_from_head(outputs, self.config.target, self.config.temperature)
 

@@ -29,6 +29,8 @@ from deltattg.data.labels import remaining_sums
 from deltattg.data.trajectory import Trajectory
 from deltattg.meter.regression import RegressionMeter, Window, head_members, meter_loss
 
+FEATURES_NAME = "features.pt"  # the frozen-backbone feature cache in the output folder
+
 
 @dataclass(frozen=True)
 class Example:
@@ -121,7 +123,7 @@ def load_feature_cache(path: Path, settings: str) -> dict[str, torch.Tensor]:
     """The cached features by window key, or {} when ``path`` is absent, unreadable or made with other settings."""
     if not path.exists():
         return {}
-    from deltattg.train.checkpoint import CheckpointError, safe_load
+    from deltattg.data.pt_files import CheckpointError, safe_load
 
     try:
         saved = safe_load(path)  # weights-only: a cache file never runs code
@@ -278,7 +280,7 @@ def checkpoint_folders(output: Path) -> list[Path]:
 def _resume(meter, optimizer, schedule, output: Path) -> int:
     """Load the latest ``checkpoint-N`` of ``output`` if any; return the step to continue from. The trainer state is
     loaded weights-only (it never runs code); a corrupt or foreign one raises ``CheckpointError`` naming the file."""
-    from deltattg.train.checkpoint import CheckpointError, first_sentence, safe_load
+    from deltattg.data.pt_files import CheckpointError, first_sentence, safe_load
 
     checkpoints = checkpoint_folders(output)
     if not checkpoints:
@@ -340,7 +342,7 @@ def train_regression_meter(
     if config.freeze_backbone:
         for p in meter.backbone.parameters():
             p.requires_grad_(False)
-        features = cached_features(meter, windows, output / "features.pt", config.progress)
+        features = cached_features(meter, windows, output / FEATURES_NAME, config.progress)
         rows = _row_of(windows, examples)
         head_losses = [train_head_on_features(meter, features, examples, rows, replace(config, seed=config.seed + k), head)
                        for k, head in enumerate(members)]  # fmt: skip

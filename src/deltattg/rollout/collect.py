@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment
@@ -38,6 +39,19 @@ class PolicySpec:
         if self.kind == "expert":
             return f"expert-eps{self.epsilon:g}"
         return f"{self.kind}:{self.model}" if self.is_model else self.kind
+
+    def resolved(self) -> PolicySpec:
+        """The same spec with a local model path (``hf.looks_local``; the folder of ``DIR::FILE.gguf``) made
+        absolute and resolved, so that ``DIR``, ``DIR/``, ``./DIR``, its absolute path and a link to it name one
+        actor; Hub ids, ``smollm2`` and the non-model policies are returned as they are."""
+        from deltattg.hf import looks_local
+
+        if self.model is None:
+            return self
+        folder, sep, gguf_file = self.model.partition("::")
+        if not (sep or looks_local(folder)):
+            return self
+        return replace(self, model=str(Path(folder).expanduser().resolve()) + sep + gguf_file)
 
 
 MODEL_KINDS = ("lm", "vllm", "react", "reflexion")
@@ -86,6 +100,14 @@ def build_policy(spec: PolicySpec, seed: int, sampling: SamplingConfig, prompt: 
 
         return Reflexion(policy)
     return policy
+
+
+def check_episodes(episodes: int, tasks: Sequence) -> None:
+    """Refuse (``ValueError``) more episodes than ``tasks`` has distinct tasks, where each task is played once
+    (``evaluate``, ``guide``)."""
+    distinct = len({task.id for task in tasks})
+    if episodes > distinct:
+        raise ValueError(f"--episodes {episodes}: the split has only {distinct} tasks (each is played once)")
 
 
 def choose_tasks(tasks: Sequence, episodes: int, group_size: int, seed: int) -> list:

@@ -4,7 +4,9 @@ paper's Table 7 layout: household and ALFWorld task types; BFCL categories; τ²
 The output folder holds ``episodes.jsonl`` (one trajectory record per finished episode, ``collect``'s record format
 plus ``evaluation``: the run's settings; appended as each episode finishes, so a killed run keeps what it finished),
 ``results.json`` and ``results.md`` (written atomically at the end). Rerunning the same command on the same folder
-plays only the tasks that have no record yet; a folder holding another run's records is refused.
+plays only the tasks that have no record yet; a folder holding another run's records is refused, and so is a folder
+another process is evaluating into right now (``rollout.output.held_folder``: its pid is named). A local model is one
+actor however its path is spelled (``lm:DIR``, ``lm:DIR/``, ``lm:./DIR``: ``PolicySpec.resolved``).
 
 Tasks: the split's tasks in an order shuffled by ``seed``, the first ``episodes`` of them (all by default), so a larger
 ``--episodes`` extends an earlier run. Expert and random actors draw from one random stream per episode, seeded by
@@ -32,8 +34,9 @@ from deltattg.data.jsonl import atomic_output, dumps, read_jsonl
 from deltattg.data.trajectory import Trajectory, parse_trajectory
 from deltattg.envs.base import Environment, Task
 from deltattg.errors import InputError
-from deltattg.rollout.collect import PolicySpec
+from deltattg.rollout.collect import PolicySpec, check_episodes, parse_policy
 from deltattg.rollout.engine import Action, Episode, Policy, run_episodes
+from deltattg.rollout.output import held_folder
 
 EPISODES_FILE = "episodes.jsonl"
 RESULTS_JSON = "results.json"
@@ -91,8 +94,20 @@ class EvalSettings:
         """``name: stored value (now value)`` for every setting the stored copy does not share ([] if all match)."""
         if not isinstance(stored, dict):
             return [f"{SETTINGS_KEY}: {stored!r}"]
+        stored = {**stored, "actor": resolved_actor(stored.get("actor"))}
         return [f"{name} {stored.get(name)!r} (now {value!r})" for name, value in self.to_json().items()
                 if stored.get(name) != value]  # fmt: skip
+
+
+def resolved_actor(name: Any) -> Any:
+    """An actor's name with a local model path resolved (``PolicySpec.resolved``), so that records written when the
+    path was spelled otherwise (``DIR/``, relative) still match; any other value as it is."""
+    if not isinstance(name, str):
+        return name
+    try:
+        return parse_policy(name, trials=True).resolved().name
+    except ValueError:
+        return name
 
 
 def select_tasks(tasks: Sequence[Task], episodes: int | None, seed: int) -> list[Task]:
@@ -105,8 +120,7 @@ def select_tasks(tasks: Sequence[Task], episodes: int | None, seed: int) -> list
     random.Random(seed).shuffle(order)
     if episodes is None:
         return order
-    if episodes > len(order):
-        raise ValueError(f"--episodes {episodes}: the split has only {len(order)} tasks (each is played once)")
+    check_episodes(episodes, order)
     return order[:episodes]
 
 
@@ -260,8 +274,18 @@ def run_evaluation(
     log: Callable[[str], None] = lambda message: None,
 ) -> dict:
     """Evaluate on ``tasks`` into the folder ``out`` (see the module doc) and return the results (``results.json``).
-    ``make_policy`` is called only if some task is left to play. Bad or foreign records in ``out/episodes.jsonl``
-    raise ``InputError`` before anything is written."""
+    The folder is held for the whole run (``rollout.output.held_folder``: a second run on it is refused, as is a
+    folder that cannot be created or written), before anything is read or played. ``make_policy`` is called only if
+    some task is left to play. Bad or foreign records in ``out/episodes.jsonl`` raise ``InputError`` before anything
+    is written."""
+    with held_folder(out):
+        return _run_held(make_env, tasks, make_policy, spec, settings, out, progress=progress, chunk=chunk, log=log)
+
+
+def _run_held(make_env: Callable[[], Environment], tasks: Sequence[Task], make_policy: Callable[[], Policy],
+              spec: PolicySpec, settings: EvalSettings, out: Path, *, progress: bool, chunk: int,
+              log: Callable[[str], None]) -> dict:  # fmt: skip
+    """:func:`run_evaluation` in a folder this process holds."""
     import torch
     from tqdm import tqdm
 
@@ -275,7 +299,6 @@ def run_evaluation(
     outcomes = list(finished.outcomes)
     if todo:
         policy = make_policy()
-        out.mkdir(parents=True, exist_ok=True)
         bar = tqdm(total=len(tasks), initial=len(outcomes), desc=f"evaluate {spec.name}", unit="ep",
                    disable=not progress)  # fmt: skip
         with Appender(path) as appender:
@@ -297,7 +320,6 @@ def run_evaluation(
     results = summarize(outcomes, selected, settings)
     results |= {"played": len(todo), "resumed": len(finished.outcomes),
                 "wall_seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_output(out / RESULTS_JSON) as handle:
         json.dump(results, handle, indent=2)
         handle.write("\n")

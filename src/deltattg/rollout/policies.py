@@ -15,17 +15,29 @@ from deltattg.envs.base import HasExpert, HasMistakes
 from deltattg.hf import cache_argument
 from deltattg.rollout.engine import Action, Episode
 from deltattg.rollout.prompts import PromptConfig, episode_prompt, parse_react_action
+from deltattg.rollout.random_calls import HasToolCalls, random_reply
 
 
 class RandomPolicy:
-    """A uniformly random admissible action (or ``look`` where the environment lists none)."""
+    """A uniformly random admissible action; where the environment lists none but its actions are tool calls (BFCL,
+    τ²: :class:`~deltattg.rollout.random_calls.HasToolCalls`), a random tool call with arguments drawn from the
+    tool's schema, or a random call-free reply (:func:`~deltattg.rollout.random_calls.random_reply`); ``look``
+    elsewhere."""
 
     def __init__(self, seed: int = 0, name: str = "random"):
         self.name = name
         self.rng = random.Random(seed)
 
+    def _one(self, episode: Episode) -> Action:
+        if episode.admissible:
+            return Action(self.rng.choice(episode.admissible))
+        if isinstance(episode.env, HasToolCalls):
+            shown = [episode.first_observation, *(observation for _, observation in episode.history)]
+            return Action(random_reply(episode.env, shown, self.rng))
+        return Action("look")
+
     def act(self, episodes: Sequence[Episode]) -> list[Action]:
-        return [Action(self.rng.choice(e.admissible) if e.admissible else "look") for e in episodes]
+        return [self._one(e) for e in episodes]
 
 
 class NoisyExpertPolicy:

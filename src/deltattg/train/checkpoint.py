@@ -1,8 +1,9 @@
 """Runs you can resume exactly: checkpoints (actor via ``save_pretrained``, optimizer, RNG states, task-sampler position,
 counters, metrics so far), written atomically; and the metrics log (``metrics.jsonl``, optional TensorBoard).
 
-Safety: every ``.pt`` file is read with ``torch.load(weights_only=True)`` (:func:`safe_load`), so a checkpoint holds
-tensors and plain data only and loading one never runs code; the RNG states are stored in that form too. A run folder
+Safety: every ``.pt`` file is read with ``torch.load(weights_only=True)`` (:func:`deltattg.data.pt_files.safe_load`),
+so a checkpoint holds tensors and plain data only and loading one never runs code; the RNG states are stored in that
+form too. A run folder
 belongs to one run: ``run.json`` records its identity (a random id and the hash of its starting config) and every
 checkpoint carries the id, so a resume cannot splice in another run's checkpoint.
 """
@@ -13,21 +14,19 @@ import functools
 import hashlib
 import json
 import os
-import pickle
 import random
 import re
 import shutil
 import subprocess
 import sys
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from deltattg.errors import InputError
+from deltattg.data.pt_files import CheckpointError, first_sentence, safe_load
 
 CHECKPOINTS = "checkpoints"
 ACTOR = "actor"
@@ -40,38 +39,6 @@ RUN_FILES = (CONFIG, RUN, METRICS, CHECKPOINTS)  # any of them: the folder holds
 CLEARED = (*RUN_FILES, "tb")  # what --overwrite removes (other files in the folder are left alone)
 STATE_FIELDS = ("step", "generated_tokens", "metrics", "sampler", "rng", "run_id")
 STEP_FOLDER = re.compile(r"step-(\d+)")
-
-
-class CheckpointError(InputError):
-    """A checkpoint (or run folder) that cannot be used: corrupt, unsafe, or another run's. Named in the message."""
-
-
-def safe_load(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)``: tensors and plain containers only, never code. A file holding other
-    Python objects (a pickle that could run code) or a corrupt one raises :class:`CheckpointError` naming it."""
-    try:
-        with warnings.catch_warnings():  # torch's note on a foreign pickle protocol: the refusal below says more
-            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError("missing", path=str(path)) from None
-    except pickle.UnpicklingError as exc:
-        text = str(exc)
-        unsafe = next((line.strip() for line in text.splitlines() if "GLOBAL" in line), None)
-        if unsafe:
-            raise CheckpointError(f"refused to load: it holds Python objects, not only tensors and plain data "
-                                  f"({unsafe}); loading it could run code", path=str(path)) from None  # fmt: skip
-        detail = next((line.strip() for line in text.splitlines() if line.strip().startswith("Unsupported")), "")
-        raise CheckpointError(f"refused to load: not a file of tensors and plain data{f' ({detail})' if detail else ''}"
-                              "; corrupt, or written by something else", path=str(path)) from None  # fmt: skip
-    except Exception as exc:  # a truncated zip archive, garbage bytes, an empty file: RuntimeError, EOFError, ...
-        raise CheckpointError(f"corrupt checkpoint file ({first_sentence(exc)})", path=str(path)) from None
-
-
-def first_sentence(exc: BaseException) -> str:
-    """The gist of an exception's message (its first sentence, at most 200 characters), or its type."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text.split(". ")[0].rstrip(".")[:200]
 
 
 def seed_everything(seed: int) -> None:

@@ -2,7 +2,8 @@
 
 One ``AgentLoopOutput`` per step (verl's v1 multi-output path): step t's row holds the prompt the actor read at
 state h_t (the window or chat layout of ``deltattg train``) and the action tokens it sampled, all trainable
-(response mask 1). Every row's ``extra_fields`` carries ``deltattg_step`` = t; the last row carries the episode's
+(response mask 1). Every row's ``extra_fields`` carries ``deltattg_step`` = t and ``deltattg_tokens`` (the action's
+token count, which lets the trainer tell the rows apart); the last row carries the episode's
 trajectory record (messages, per-step observations, rewards and verified outcomes, the task's provenance), which is
 what the meter reads and what the credit step (:mod:`deltattg.verl.credit`) lines the rows up with. The reward is the
 environment's outcome, set here, so verl's reward loop does not score these rows.
@@ -20,12 +21,10 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from deltattg.envs.base import Task
-from deltattg.envs.registry import rebuild
 from deltattg.rollout.engine import Action, advance, start_episode, to_trajectory
 from deltattg.rollout.prompts import PromptConfig, episode_prompt
-from deltattg.verl.credit import STEP_FIELD, TRAJECTORY_FIELD
-from deltattg.verl.tasks import AGENT_NAME, task_of
+from deltattg.verl.credit import STEP_FIELD, TOKENS_FIELD, TRAJECTORY_FIELD
+from deltattg.verl.tasks import AGENT_NAME, rebuild_task
 
 @register(AGENT_NAME)
 class EnvAgentLoop(AgentLoopBase):
@@ -39,9 +38,7 @@ class EnvAgentLoop(AgentLoopBase):
         self.max_tokens = min(int(self.rollout_config.response_length), max_tokens or 1 << 30)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
-        spec = task_of(kwargs.get("extra_info"))
-        task = Task(str(spec["task"]["id"]), str(spec["task"].get("split", "train")), dict(spec["task"].get("data") or {}))
-        env = rebuild(spec["env"])()
+        env, task = rebuild_task(kwargs.get("extra_info"))
         episode = start_episode(env, task, int(kwargs.get("session_id", 0)))
         turns = min(self.max_turns or env.max_steps, env.max_steps)
         params = {**sampling_params, "max_tokens": self.max_tokens}
@@ -61,7 +58,7 @@ class EnvAgentLoop(AgentLoopBase):
                 response_logprobs=list(out.log_probs)[: len(ids)] if out.log_probs else None,
                 num_turns=2,
                 metrics={},
-                extra_fields={**(out.extra_fields or {}), STEP_FIELD: len(outputs)},
+                extra_fields={**(out.extra_fields or {}), STEP_FIELD: len(outputs), TOKENS_FIELD: len(ids)},
             ))  # fmt: skip
         record = to_trajectory(episode, "verl", "", turns).to_json()
         for output in outputs:

@@ -3,9 +3,11 @@
 What verl hands the advantage step (v1 trainer, multi-output agent loop): rows keyed ``"{uid}_{session}_{index}"``
 (uid = the prompt group, session = the rollout within it, index = the step), in whatever order ``_balance_batch``
 left them, with synthetic padding rows tagged ``is_padding``; each row's ``extra_fields`` as the agent loop
-(:mod:`deltattg.verl.agent_loop`) wrote them: ``deltattg_step`` on every row and the episode's trajectory record
-(``deltattg_trajectory``, the JSONL record format of ``deltattg collect``) on its last row.
+(:mod:`deltattg.verl.agent_loop`) wrote them: ``deltattg_step`` and ``deltattg_tokens`` on every row and the
+episode's trajectory record (``deltattg_trajectory``, the JSONL record format of ``deltattg collect``, with the
+environment's reward) on its last row.
 
+:func:`check_rows_in_step` checks that verl's tensors are the keys' rows, position by position;
 :func:`step_row_credit` rebuilds the episodes, checks that the rows line up with the records, lets the frozen meter
 read the decision states of the A ≠ 0 trajectories in one deduplicated call (Algorithm 1, lines 9–10), applies any
 registered estimator and writes each step's Ã_{i,t} onto its row's tokens. A meter that fails (endpoint down, timeout,
@@ -16,6 +18,7 @@ the failure is counted in the metrics and training goes on. Nothing here imports
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -34,6 +37,7 @@ from deltattg.meter.loading import read_states
 log = logging.getLogger(__name__)
 
 STEP_FIELD = "deltattg_step"  # extra_fields key on every row: the step index t of the row's action
+TOKENS_FIELD = "deltattg_tokens"  # extra_fields key on every row: how many response tokens the row's action has
 TRAJECTORY_FIELD = "deltattg_trajectory"  # extra_fields key on an episode's last row: its trajectory record
 
 
@@ -109,6 +113,34 @@ def gather_episodes(
     return out
 
 
+def check_rows_in_step(
+    keys: Sequence[str],
+    padding: Sequence[bool],
+    extra_fields: Sequence[Mapping[str, Any] | None],
+    uids: Sequence[Any] | None,
+    response_mask: Tensor,
+) -> None:
+    """That the rows verl's advantage step hands an estimator are those of ``keys``, position by position: each real
+    row's uid (verl's ``index``) is its key's, and its response mask ends within the response length the agent loop
+    recorded for that key (``deltattg_tokens``). So two rows of different lengths that swapped places are caught even
+    within one group (rejection sampling may clear mask tokens, never add any). verl passes nothing else per row:
+    two rows of one group with equal lengths cannot be told apart. ``StepLayoutError`` names the row."""
+    width = response_mask.shape[1]
+    ends = (response_mask.bool() * torch.arange(1, width + 1, device=response_mask.device)).amax(dim=1).tolist()
+    for row, (key, pad, extra) in enumerate(zip(keys, padding, extra_fields, strict=True)):
+        if pad:
+            continue
+        if uids is not None and parse_row_key(key).group != str(uids[row]):
+            raise StepLayoutError(f"row {key!r} arrived with uid {uids[row]!r}: rows and keys are out of step")
+        tokens = (extra or {}).get(TOKENS_FIELD)
+        if not isinstance(tokens, numbers.Integral) or isinstance(tokens, bool):
+            raise StepLayoutError(f"row {key!r} has {TOKENS_FIELD}={tokens!r}, not its number of response tokens "
+                                  "(rows from deltattg's agent loop?)")  # fmt: skip
+        if ends[row] > tokens:
+            raise StepLayoutError(f"row {key!r} arrived with a response of {ends[row]} tokens but its action has "
+                                  f"{tokens}: rows and keys are out of step")  # fmt: skip
+
+
 @dataclass
 class RowCredit:
     advantages: Tensor  # [rows, L]: Ã_{i,t} on every response token of step t's row, 0 on padding rows
@@ -122,13 +154,12 @@ def step_row_credit(
     padding: Sequence[bool],
     extra_fields: Sequence[Mapping[str, Any] | None],
     response_mask: Tensor,
-    row_reward: Tensor,
     meter: Meter | None = None,
 ) -> RowCredit:
     """Per-token advantages of verl's step rows by estimator ``method`` (see the module docstring).
 
-    ``row_reward`` is each row's summed token-level reward; an episode's outcome R_i is the one on its last step's row
-    (verl copies the final reward onto every step). Works on the device of ``response_mask``.
+    An episode's outcome R_i is the environment's reward in its trajectory record, never the rows' token-level
+    rewards (which verl may have shaped, e.g. with a KL penalty). Works on the device of ``response_mask``.
     """
     estimator = get_estimator(method)
     if problem := estimator.records_problem():
@@ -142,8 +173,6 @@ def step_row_credit(
     lengths = response_mask.sum(dim=1).tolist()
     for row, e, t in zip(episodes.rows, episodes.episode_of_row, episodes.step_of_row):
         step_tokens[e][t] = int(lengths[row])
-        if t == episodes.trajectories[e].num_steps - 1:
-            episodes.trajectories[e].reward = float(row_reward[row])
     batch = trajectory_batch(episodes.trajectories, step_tokens, estimator, episodes.groups, with_meter=False)
     metrics: dict[str, float] = {"deltattg/episodes": float(n)}
     if estimator.needs_meter:

@@ -3,7 +3,7 @@
 verl's ``RLHFDataset`` reads a parquet file of prompts; here each row names a task instead. ``prompt`` holds the
 task's first chat messages (verl filters and logs by it), ``agent_name`` selects the agent loop and
 ``extra_info.deltattg_task`` is the task as JSON — the environment's ``describe()`` and the task's id, split and data —
-from which the agent loop rebuilds the environment in verl's worker (:func:`deltattg.verl.agent_loop.task_of`).
+from which the agent loop rebuilds the environment in verl's worker (:func:`rebuild_task`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from deltattg.envs.base import Describable, Environment
+from deltattg.data.jsonl import atomic_output
+from deltattg.envs.base import Describable, Environment, Task
+from deltattg.envs.registry import rebuild
 
 AGENT_NAME = "deltattg_env"
 TASK_FIELD = "deltattg_task"  # key of the task inside a row's extra_info
@@ -41,16 +42,12 @@ def task_rows(make_env: Callable[[], Environment], split: str, limit: int | None
 
 
 def write_parquet(rows: list[dict[str, Any]], out: str | os.PathLike) -> None:
-    """Write ``rows`` as one parquet file, atomically (a partial file never appears at ``out``)."""
+    """Write ``rows`` as one parquet file, atomically (``atomic_output``: a partial file never appears at ``out``; an
+    unwritable ``out`` is an ``InputError`` naming it)."""
     import datasets
 
-    out = Path(out)
-    partial = out.with_name(f".{out.name}.partial")
-    try:
-        datasets.Dataset.from_list(rows).to_parquet(str(partial))
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
+    with atomic_output(out, binary=True) as handle:
+        datasets.Dataset.from_list(rows).to_parquet(handle)
 
 
 def task_of(extra_info: Any) -> dict[str, Any]:
@@ -65,3 +62,12 @@ def task_of(extra_info: Any) -> dict[str, Any]:
         raise ValueError(f"dataset row: extra_info.{TASK_FIELD} must be {{'env': {{...}}, 'task': {{'id': ...}}}} "
                          "(write the dataset with `deltattg verl-tasks`)")  # fmt: skip
     return spec
+
+
+def rebuild_task(extra_info: Any) -> tuple[Environment, Task]:
+    """The environment (rebuilt from its description) and the task a dataset row's ``extra_info`` names: what the
+    ``deltattg_env`` agent loop plays (``ValueError`` naming what is wrong)."""
+    spec = task_of(extra_info)
+    task = spec["task"]
+    env = rebuild(spec["env"])()
+    return env, Task(str(task["id"]), str(task.get("split", "train")), dict(task.get("data") or {}))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from deltattg.data.trajectory import Trajectory
+from deltattg.data.trajectory import Trajectory, text_of
 from deltattg.envs.base import Task
 from deltattg.envs.household.env import HouseholdEnv
 from deltattg.envs.household.planner import best_route
@@ -80,14 +80,14 @@ def replay(trajectory: Trajectory) -> Replayed:
     for index, message in enumerate(messages):
         role = message.get("role")
         if role == "user":
-            if message.get("content") != expected:
+            if text_of(message.get("content")) != expected:
                 raise InputError("does not replay: the environment's observation here differs from the recorded one "
                                  "(another environment, options or task?)", field=f"messages[{index}].content")  # fmt: skip
             expected = None
         elif role == "assistant":
             if env.snapshot().done:
                 raise InputError("an action after the episode ended", field=f"messages[{index}]")
-            expected = env.step(str(message.get("content") or "")).observation
+            expected = env.step(text_of(message.get("content"))).observation
             states.append(env.state)
     return Replayed(env.world, tuple(states), max_turns)
 

@@ -36,7 +36,7 @@ HOUSEHOLD_OPTIONS: dict[str, Any] = {  # HouseholdConfig knobs over HouseholdCon
 
 
 @dataclass(frozen=True)
-class DemoConfig:
+class RegimeConfig:
     """The demo's settings. Sections: environment and prompt; the actor and its behaviour cloning; the trajectory
     pool; the regression meter; RL (the trainer's settings, the same for GRPO and DeltaTTG); evaluation and test-time
     guidance; the machine."""
@@ -109,7 +109,7 @@ class DemoConfig:
     def is_tiny(self) -> bool:
         return self.model == TINY
 
-    def replace(self, **changes: Any) -> DemoConfig:
+    def replace(self, **changes: Any) -> RegimeConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -155,7 +155,7 @@ ALFWORLD: dict[str, Any] = {  # the real benchmark (Table 4 turns are 50; fewer 
 }
 
 
-def demo_config(
+def regime_config(
     *,
     quick: bool = False,
     model: str | None = None,
@@ -164,7 +164,7 @@ def demo_config(
     seed: int = 0,
     threads: int | None = None,
     budget: bool = True,
-) -> DemoConfig:
+) -> RegimeConfig:
     """The defaults (the regime), then the demo's ``budget`` (``DEMO_BUDGET``; the benchmark turns it off), a
     pretrained ``model`` (SmolLM2 by default on ALFWorld), ``env`` alfworld (game files in ``data_dir``, default
     $ALFWORLD_DATA), then ``quick``; ``seed`` and ``threads`` last."""
@@ -174,7 +174,7 @@ def demo_config(
     if env == "alfworld" and model == TINY:
         raise ValueError("the tiny actor needs an environment that lists its vocabulary (household); "
                          "on alfworld pass --model (e.g. smollm2)")
-    config = DemoConfig(model=model)
+    config = RegimeConfig(model=model)
     if budget:
         config = config.replace(**DEMO_BUDGET)
     if not config.is_tiny:

@@ -1,0 +1,331 @@
+"""The household regime's stages, each a function over plain data: what ``deltattg demo`` chains and
+``bench/bench_train.py`` runs per seed.
+
+    base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  FOLDER/actor
+    trajectory pool (noisy experts, random, the base actor)         ->  pool
+    regression meter on the pool's training tasks                  ->  FOLDER/meter
+    RL arms (``Arm`` specs: GRPO, DeltaTTG, ...) from the same actor ->  FOLDER/<arm> (metrics.jsonl, ...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deltattg.data.tokens import count_step_tokens
+from deltattg.data.trajectory import Trajectory
+from deltattg.envs.base import Environment, Task
+from deltattg.meter.fit import calibrate
+from deltattg.meter.regression import RegressionConfig, RegressionMeter
+from deltattg.meter.train_regression import RegressionTrainConfig, records_examples, train_regression_meter
+from deltattg.regime.config import ACTOR_IN_POOL, RegimeConfig
+from deltattg.rollout.collect import collect, parse_policy
+from deltattg.rollout.policies import LMPolicy, SamplingConfig
+from deltattg.rollout.prompts import PromptConfig
+from deltattg.tiny import tiny_llama
+from deltattg.train import behaviour_clone, demonstrations, env_factory, load_actor, resolve, train
+from deltattg.train.actor import torch_device
+from deltattg.train.config import ActorConfig, EnvConfig
+from deltattg.train.trainer import mean
+
+PRESET = "household-tiny"  # the trainer preset under the demo's settings (the demo sets every field it relies on)
+
+
+# ---- the machine and the world ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def process_settings(threads: int) -> Iterator[None]:
+    """For the demo's duration: ``threads`` torch intra-op threads (set explicitly: OpenMP oversubscription on a busy
+    2-core box costs up to 30x); denormals flushed to zero (a tiny model's weights and gradients drift into denormal
+    values, which CPUs compute slowly: behaviour-cloning epochs grew from ~11 s to ~26 s without it on this machine);
+    no transformers progress bars (the demo prints its own stages). All three are undone on exit: flushing
+    denormals is process-wide and would break callers that need IEEE subnormals (hypothesis refuses to run)."""
+    from transformers.utils import logging as hf_logging
+
+    threads_before, bars_before = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads_before)
+        if bars_before:
+            hf_logging.enable_progress_bar()
+
+
+def env_config(config: RegimeConfig) -> EnvConfig:
+    return EnvConfig(name=config.env, size="short", options=dict(config.env_options), data_dir=config.data_dir,
+                     train_split=config.train_split, eval_split=config.eval_split)  # fmt: skip
+
+
+def prompt_config(config: RegimeConfig, env: Environment) -> PromptConfig:
+    return PromptConfig(layout=getattr(env, "prompt_layout", "window"), history_window=config.history_window)
+
+
+def sampling(config: RegimeConfig) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=1.0, max_new_tokens=config.max_new_tokens, max_prompt_tokens=config.max_prompt_tokens
+    )
+
+
+@dataclass
+class World:
+    """The environment constructor, one instance to read tasks from, and the actor's prompt layout."""
+
+    make_env: Callable[[], Environment]
+    env: Environment
+    prompt: PromptConfig
+
+    def tasks(self, split: str, count: int) -> list[Task]:
+        return list(self.env.tasks(split))[:count]
+
+
+def build_world(config: RegimeConfig) -> World:
+    make_env = env_factory(env_config(config), config.max_turns)
+    env = make_env()
+    return World(make_env, env, prompt_config(config, env))
+
+
+# ---- stage 1: the base actor -----------------------------------------------------------------------------------------
+@dataclass
+class BaseActor:
+    """The actor every later stage starts from: ``spec`` is what the trainer loads (a folder or an HF spec)."""
+
+    spec: str
+    model: Any
+    tokenizer: Any
+    clone_losses: list[float] = field(default_factory=list)
+    demonstrations: int = 0
+
+    def policy(self, config: RegimeConfig, world: World, name: str = "actor") -> LMPolicy:
+        """The actor sampling at temperature 1 (Table 4) with the demo's prompt."""
+        return LMPolicy(self.model, self.tokenizer, sampling(config), world.prompt, name=name)
+
+
+def base_actor(config: RegimeConfig, world: World, folder: Path) -> BaseActor:
+    """The tiny actor behaviour-cloned on the successful ε-noisy expert episodes of ``clone_tasks`` training tasks
+    (saved to ``folder``), or a pretrained ``config.model`` as it is."""
+    actor_config = ActorConfig(model=config.model, tiny_hidden=config.tiny_hidden, tiny_layers=config.tiny_layers,
+                               tiny_heads=config.tiny_heads)  # fmt: skip
+    model, tokenizer = load_actor(actor_config, world.env, world.prompt, config.max_turns, config.seed)
+    if not config.is_tiny:
+        return BaseActor(config.model, model.eval(), tokenizer)
+    actor = BaseActor(str(folder), model, tokenizer)
+    tasks = world.tasks(config.train_split, config.clone_tasks)
+    episodes = demonstrations(actor.policy(config, world), world.make_env, tasks, config.max_turns,
+                              epsilon=config.clone_epsilon, seed=config.seed)  # fmt: skip
+    successful = [t for t in episodes if t.success]
+    actor.clone_losses = behaviour_clone(model, tokenizer, successful, lr=config.clone_lr, epochs=config.clone_epochs,
+                                         batch_size=config.clone_batch_size, seed=config.seed)  # fmt: skip
+    actor.demonstrations = len(successful)
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return actor
+
+
+# ---- stage 2: the trajectory pool ------------------------------------------------------------------------------------
+def pool_specs(config: RegimeConfig, actor: BaseActor) -> list[str]:
+    return [f"lm:{actor.spec}" if spec == ACTOR_IN_POOL else spec for spec in config.pool]
+
+
+def collect_pool(config: RegimeConfig, world: World, actor: BaseActor) -> list[Trajectory]:
+    """``pool_episodes`` episodes of every pool policy on the same training tasks, each step's token count (the
+    Token-to-Go unit) in the actor's tokenizer: generated ids for the LM, the rendered action for the others."""
+    specs = [parse_policy(spec) for spec in pool_specs(config, actor)]
+    pool = collect(world.make_env, config.train_split, specs, episodes=config.pool_episodes,
+                   group_size=config.pool_group_size, seed=config.seed, sampling=sampling(config),
+                   max_turns=config.max_turns, prompt=world.prompt, progress=False)  # fmt: skip
+    for trajectory in pool:
+        if trajectory.step_tokens is None:
+            trajectory.step_tokens = count_step_tokens(trajectory.messages or [], actor.tokenizer)
+    return pool
+
+
+def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, float, float]]:
+    """Per policy: (episodes, success rate, mean steps)."""
+    out = {}
+    for name in dict.fromkeys(t.policy or "?" for t in trajectories):
+        mine = [t for t in trajectories if (t.policy or "?") == name]
+        out[name] = (len(mine), mean([t.success for t in mine]), mean([t.num_steps for t in mine]))
+    return out
+
+
+# ---- stage 3: the progress meter -------------------------------------------------------------------------------------
+def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path,
+                heldout: Sequence[Trajectory] = (), *, turns_left: bool = True) -> dict:
+    """A regression meter (tiny Llama backbone over the actor's tokenizer + head) trained end to end on every
+    decision state of ``trajectories`` (Eq. 1–2 labels; each state marked with the turns left unless
+    ``turns_left`` is off), its completion temperature fitted on the ``heldout`` trajectories' states, saved to
+    ``folder``; returns the training report (with ``calibration``)."""
+    backbone = tiny_llama(tokenizer, hidden=config.meter_hidden, layers=config.meter_layers, heads=config.meter_heads,
+                          max_positions=config.meter_max_length, seed=config.seed).model  # fmt: skip
+    meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
+                                                                  head_hidden=4 * config.meter_hidden,
+                                                                  turn_limit=config.max_turns if turns_left else None))  # fmt: skip
+    windows, examples = records_examples(meter, trajectories)  # the meter's target is TTG: the reward is not read
+    settings = RegressionTrainConfig(output_dir=str(folder), freeze_backbone=False, epochs=config.meter_epochs,
+                                     batch_size=config.meter_batch_size, lr_backbone=config.meter_lr,
+                                     lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume
+                                     seed=config.seed, progress=False)  # fmt: skip
+    report = train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
+    if heldout:
+        report["calibration"] = calibrate(meter.eval(), heldout).as_dict()
+        meter.save_pretrained(folder)
+        (folder / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+# ---- stage 4: RL with GRPO and DeltaTTG ------------------------------------------------------------------------------
+def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict:
+    """The trainer's settings shared by both methods (written to ``train.yaml``; ``deltattg train --config`` reads
+    it): same actor, seed, tasks, budget and evaluation."""
+    return {
+        "actor": {"model": actor_spec},
+        "env": dataclasses.asdict(env_config(config)),
+        "rollout": {"batch_size": config.batch_size, "group_size": config.group_size, "max_turns": config.max_turns,
+                    "max_new_tokens": config.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
+                    "max_prompt_tokens": config.max_prompt_tokens, "prompt_layout": layout,
+                    "history_window": config.history_window},
+        "credit": {"rho": config.rho, "cap": config.cap, "failure_cost": config.failure_cost},
+        "loss": {"kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef},
+        "optim": {"lr": config.lr, "mini_batch_size": config.mini_batch_size,
+                  "micro_batch_size": config.micro_batch_size},
+        "eval": {"every": config.eval_every, "num_tasks": config.eval_tasks, "greedy": True, "sampled": config.eval_sampled,
+                 "at_start": True},
+        "run": {"steps": config.steps, "seed": config.seed, "save_every": config.steps, "keep_checkpoints": 1,
+                "threads": config.threads, "progress": True},
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One RL run of a comparison: an estimator, its credit settings and the meter it reads. Spec
+    ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@oracle`` (the household
+    planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
+    p), ``deltattg@oracle:SIGMA:P:FN:MF`` (and b̂ = 0 on successes' states with probability FN, b̂ = 1 on failures'
+    uncompletable states with probability MF: ``meter.oracle``), ``pos@oracle``,
+    ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields),
+    ``deltattg_robust[meter.refresh_every=5]`` (any other trainer setting), ..."""
+
+    method: str
+    meter: str | None = None  # None (the method reads none), "learned" or "oracle"
+    noise: float = 0.0
+    flip: float = 0.0
+    options: tuple[tuple[str, str], ...] = ()  # settings (a CreditConfig field or SECTION.KEY, value as written)
+    false_negative: float = 0.0
+    missed_failure: float = 0.0
+    members: int = 1  # learned meters read together (``ensemble:N``: a pessimistic ensemble of N)
+
+    @classmethod
+    def parse(cls, spec: str) -> Arm:
+        from deltattg.credit import available_estimators
+        from deltattg.credit.records import needs_meter
+
+        head, _, meter = spec.partition("@")
+        method, bracket, rest = head.partition("[")
+        options = parse_credit_options(spec, rest) if bracket else ()
+        if not needs_meter(method):
+            if meter or method not in (*available_estimators(), "dapo"):
+                raise ValueError(f"arm {spec!r}: {method} is not a method (or reads no meter)")
+            return cls(method, options=options)
+        kind, *dials = meter.split(":") if meter else ["learned"]
+        if kind == "ensemble" and len(dials) == 1 and dials[0].isdigit() and int(dials[0]) >= 2:
+            return cls(method, "learned", options=options, members=int(dials[0]))
+        if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
+            raise ValueError(f"arm {spec!r}: the meter is learned, ensemble:N (N >= 2), oracle, oracle:SIGMA:P or "
+                             "oracle:SIGMA:P:FN:MF")
+        noise, flip, false_negative, missed_failure = (*(float(d) for d in dials), 0.0, 0.0, 0.0, 0.0)[:4]
+        return cls(method, kind, noise, flip, options, false_negative, missed_failure)
+
+    @property
+    def name(self) -> str:
+        settings = f"[{','.join(f'{k}={v}' for k, v in self.options)}]" if self.options else ""
+        if self.meter == "learned" and self.members > 1:
+            return f"{self.method}{settings}@ensemble:{self.members}"
+        if self.meter is None or (self.meter == "learned"):
+            return self.method + settings
+        errors = f":{self.false_negative:g}:{self.missed_failure:g}" if self.false_negative or self.missed_failure else ""
+        dials = f":{self.noise:g}:{self.flip:g}{errors}" if self.noise or self.flip or errors else ""
+        return f"{self.method}{settings}@{self.meter}{dials}"
+
+    @property
+    def folder(self) -> str:
+        name = self.name.replace("@", "-").replace(":", "-").replace("[", "-").replace(",", "-")
+        return name.replace("]", "").replace("=", "")
+
+    def overrides(self, meter_dir: Path) -> list[str]:
+        """The trainer settings that make this arm (on top of the shared ``train.yaml``)."""
+        out = [f"algo.method={self.method}", *(f"{setting_path(k)}={v}" for k, v in self.options)]
+        if self.meter == "learned":  # an ensemble's members sit beside the seed's meter: meter-1, meter-2, ...
+            out.append("meter.path=" + ",".join([str(meter_dir), *(f"{meter_dir}-{k}" for k in range(1, self.members))]))
+        elif self.meter == "oracle":
+            out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
+            if self.false_negative or self.missed_failure:
+                out += [f"meter.oracle_false_negative={self.false_negative}",
+                        f"meter.oracle_missed_failure={self.missed_failure}"]
+        return out
+
+
+def parse_credit_options(spec: str, text: str) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE,...]`` of an arm spec: ``CreditConfig`` fields, or trainer settings ``SECTION.KEY`` (e.g.
+    ``meter.refresh_every``), each checked by building the config."""
+    from deltattg.train.config import TrainConfig, from_dict, merge, parse_assignment
+
+    if not text.endswith("]"):
+        raise ValueError(f"arm {spec!r}: settings are [KEY=VALUE,...]")
+    pairs = [item.partition("=") for item in text[:-1].split(",") if item]
+    if not pairs or any(not sep or not key for key, sep, _ in pairs):
+        raise ValueError(f"arm {spec!r}: settings are [KEY=VALUE,...]")
+    nested: dict = {}
+    for key, _, value in pairs:
+        nested = merge(nested, parse_assignment(f"{setting_path(key)}={value}"))
+    try:
+        from_dict(TrainConfig, nested)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"arm {spec!r}: {exc}") from None
+    return tuple((key, value) for key, _, value in pairs)
+
+
+def setting_path(key: str) -> str:
+    """An arm setting's trainer path: ``KEY`` is a credit setting, ``SECTION.KEY`` any other."""
+    return key if "." in key else f"credit.{key}"
+
+
+def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path) -> list[dict]:
+    """One arm's run in ``out/<arm folder>`` (a fresh folder: the checkpoints of an earlier, longer run there would
+    outlive this one's); returns its metrics records."""
+    folder = out / arm.folder
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"[demo]   {arm.name} -> {folder}", file=sys.stderr, flush=True)
+    return train(resolve(PRESET, settings_file, [*arm.overrides(meter_dir), f"run.out={folder}", "run.progress=false"]))
+
+
+def train_arm_in_process(arm: Arm, settings_file: Path, meter_dir: Path, out: Path, threads: int) -> list[dict]:
+    """``train_arm`` in a worker process, under the demo's process settings."""
+    with process_settings(threads):
+        return train_arm(arm, settings_file, meter_dir, out)
+
+
+def train_arms(config: RegimeConfig, settings_file: Path, meter_dir: Path, out: Path) -> dict[str, list[dict]]:
+    """Every arm from the same settings, ``config.jobs`` at a time in their own processes (one torch thread each:
+    tiny models gain more from two processes than from two threads)."""
+    arms = [Arm.parse(spec) for spec in config.arms]
+    if config.jobs <= 1:
+        return {arm.name: train_arm(arm, settings_file, meter_dir, out) for arm in arms}
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(config.jobs, mp_context=context) as pool:
+        runs = pool.map(train_arm_in_process, arms, *zip(*[(settings_file, meter_dir, out, config.threads)] * len(arms)))
+        return {arm.name: records for arm, records in zip(arms, runs)}
