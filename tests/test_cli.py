@@ -181,7 +181,7 @@ def test_credit_and_inspect_take_every_record_estimators_option_from_its_registr
     """The options of ``credit`` and ``inspect`` are built from the registry's ``Option`` records: each one's flag with
     its help, refused at parse time outside its domain; ``--logit-clip`` (a setting no hand-written list had) reaches
     the ``logit`` estimator: clipping at L = 1 equals reading logits already clipped to [−1, 1]."""
-    from deltattg.cli import record_options
+    from deltattg.cli.records import record_options
 
     for command in ("credit", "inspect"):
         with pytest.raises(SystemExit):

@@ -75,7 +75,8 @@ class Option:
     """A setting of one estimator: a ``CreditConfig`` field (its default is the field's), what it means, and its
     domain as a command line reads it — ``low`` / ``high`` (``low_open``: ``low`` excluded) for a number, ``choices``
     for a word; a bool is a ``--flag`` / ``--no-flag``. ``credit`` and ``inspect`` build their options from these
-    records (``deltattg.cli.add_credit_options``); ``CreditConfig`` checks the same domains for every other caller."""
+    records (``deltattg.cli.records.add_credit_options``); ``CreditConfig`` checks the same domains for every other
+    caller."""
 
     name: str
     help: str

@@ -1,0 +1,41 @@
+"""The ``deltattg`` command line. Each subcommand is a thin shell over a library function, in the module of its
+stage: ``rollout`` (collect, guide, evaluate, verl-tasks), ``meter`` (train-meter, score, eval-meter, eval-steps),
+``records`` (labels, credit, inspect, methods); ``common`` is what they share; ``train`` and ``demo`` come from
+:mod:`deltattg.train.cli` and :mod:`deltattg.demo.cli` (each also runs on its own).
+
+Bad input exits with status 2 and one line ``deltattg: error: FILE:LINE: FIELD: what is wrong``; no output file is
+left behind (outputs are written atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from deltattg import __version__
+from deltattg.cli import meter, records, rollout
+from deltattg.command import run_parsed
+from deltattg.demo.cli import add_demo_parser
+from deltattg.train.cli import add_train_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deltattg",
+        description="Step-level credit assignment for multi-turn LLM agents with a Token-to-Go progress meter.",
+    )
+    parser.add_argument("--version", action="version", version=f"deltattg {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for stage in (rollout, meter, records):  # the data flow: episodes, the meter, credit over the records
+        stage.add_parsers(sub)
+    add_train_parser(sub)  # RL with any estimator
+    add_demo_parser(sub)  # all of it end to end
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_parsed(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
