@@ -215,3 +215,28 @@ def test_json_reports_write_an_undefined_statistic_as_null(tmp_path):
 
     write_json(tmp_path / "r.json", {"spearman": float("nan"), "rows": [1.5, float("inf")], "n": 2})
     assert loads_strict((tmp_path / "r.json").read_text()) == {"spearman": None, "rows": [1.5, None], "n": 2}
+
+
+def test_options_of_documented_settings_take_their_help_and_default_from_the_field():
+    """Every option of ``train-meter``, ``collect`` and ``evaluate`` that sets a documented dataclass field
+    (``deltattg.settings.setting``: the regression meter, its training, sampling, the run) shows that field's meaning
+    and default, so the library's default and the command line's cannot drift apart."""
+    import argparse
+    from dataclasses import fields
+
+    from deltattg.cli import build_parser
+    from deltattg.meter.regression import RegressionConfig
+    from deltattg.meter.train_regression import RegressionTrainConfig
+    from deltattg.rollout.policies import SamplingConfig
+    from deltattg.train.config import RunConfig
+
+    settings = {"train-meter": (RegressionConfig, RegressionTrainConfig), "collect": (SamplingConfig,),
+                "evaluate": (SamplingConfig, RunConfig)}
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for command, configs in settings.items():
+        documented = {f.name: f for config in configs for f in fields(config) if "help" in f.metadata}
+        shown = {action.dest: action for action in commands[command]._actions if action.dest in documented}
+        assert set(shown) == set(documented), (command, set(documented) - set(shown))
+        for name, action in shown.items():
+            assert action.help.startswith(documented[name].metadata["help"]), (command, name)
+            assert action.default == documented[name].default, (command, name)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from deltattg.command import UsageError, number, positive_float, probability, seed_int
 from deltattg.errors import InputError
+from deltattg.settings import setting_default, setting_help
 
 
 def check_out(out: str | None, *inputs: str | None, folder: bool = False) -> None:
@@ -38,6 +40,14 @@ def check_out(out: str | None, *inputs: str | None, folder: bool = False) -> Non
     else:
         check_output_file(target)
     check_writable(target, folder=folder)  # an unwritable place is refused here, not after the work
+
+
+def add_setting(parser: argparse.ArgumentParser, flag: str, config: type, name: str, **kwargs: Any) -> None:
+    """``flag`` for the field ``name`` of the dataclass ``config``: its default and its help come from the field
+    (:func:`deltattg.settings.setting`); ``kwargs`` as ``add_argument`` takes them (``type``, ``choices``, ...)."""
+    shown = "" if setting_default(config, name) is None else ", default %(default)s"
+    parser.add_argument(flag, default=setting_default(config, name), help=setting_help(config, name) + shown,
+                        **kwargs)
 
 
 def add_tokenizer(parser: argparse.ArgumentParser) -> None:
@@ -71,16 +81,12 @@ def add_rollout(parser: argparse.ArgumentParser, max_new_tokens: int, seed_help:
 
     parser.add_argument("--max-turns", type=number(int, low=1, high=10**5),
                         help="stop an episode after this many actions (default: the env's)")
-    parser.add_argument("--temperature", type=number(float, low=0, high=100), default=SamplingConfig.temperature,
-                        help="lm actors: sampling temperature (0 = greedy), default %(default)s")
+    add_setting(parser, "--temperature", SamplingConfig, "temperature", type=number(float, low=0, high=100))
     parser.add_argument("--max-new-tokens", type=number(int, low=1, high=10**6), default=max_new_tokens,
                         help="lm actors: tokens per action, default %(default)s")
     parser.add_argument("--seed", type=seed_int, default=0, help=seed_help)
-    parser.add_argument("--prefix-cache", type=number(int, low=0, high=10**4), default=SamplingConfig.prefix_cache,
-                        metavar="N", help="in-process lm actors: generate one prompt at a time, keeping the key/values "
-                        "of the N most recent conversations so a prompt is prefilled only past the prefix it shares "
-                        "with one (the next turn; the same system prompt). Worth it on CPU with long prompts (bfcl, "
-                        "tau2); 0 (default): batched, no reuse")
+    add_setting(parser, "--prefix-cache", SamplingConfig, "prefix_cache", type=number(int, low=0, high=10**4),
+                metavar="N")
 
 
 def environment(args: argparse.Namespace, splits: Sequence[str]) -> tuple:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from deltattg.cli.common import (
     add_meter_source,
+    add_setting,
     add_skip_invalid,
     add_tokenizer,
     check_out,
@@ -227,32 +228,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              "GPU recipe: Qwen/Qwen3-4B-Instruct-2507")
     train_meter.add_argument("--split", help="split file ({\"train\": [ids], ...}); train on one subset of it")
     train_meter.add_argument("--subset", default="train", help="subset of --split to train on (default: train)")
-    train_meter.add_argument("--max-length", type=positive_int, default=RegressionConfig.max_length,
-                             help="token budget of one meter input (regression window / generative prompt), default "
-                             "%(default)s")
-    train_meter.add_argument("--max-message-chars", type=positive_int, default=RegressionConfig.max_message_chars,
-                             help="regression: cap each message at this many characters (middle elided), default "
-                             "%(default)s")
-    train_meter.add_argument("--pooling", choices=["last", "last+mean"], default=RegressionConfig.pooling,
-                             help="regression: features of a decision state: the boundary token's hidden state, or also "
-                             "the mean over its last block (default: last)")
-    train_meter.add_argument("--target", choices=["ttg", "score"], default=RegressionConfig.target,
-                             help="regression: what the value head predicts: ttg = log1p(Token-to-Go) of completable "
-                             "states (the DeltaTTG meter), score = the trajectory's final reward at every state (an "
-                             "outcome-score meter, read by --method value, E.4). Default: ttg")
-    train_meter.add_argument("--ensemble", type=positive_int, default=RegressionConfig.ensemble,
-                             help="regression: train N heads (seeds --seed .. --seed+N-1) on the same features; a "
-                             "reading averages their completion probabilities and Token-to-Go (default: 1)")
-    train_meter.add_argument("--layer", type=positive_int, default=RegressionConfig.layer,
-                             help="regression: read the output of this decoder layer of the backbone (1..its layer "
-                             "count) instead of its final state")
+    add_setting(train_meter, "--max-length", RegressionConfig, "max_length", type=positive_int)
+    add_setting(train_meter, "--max-message-chars", RegressionConfig, "max_message_chars", type=positive_int)
+    add_setting(train_meter, "--pooling", RegressionConfig, "pooling", choices=["last", "last+mean"])
+    add_setting(train_meter, "--target", RegressionConfig, "target", choices=["ttg", "score"])
+    add_setting(train_meter, "--ensemble", RegressionConfig, "ensemble", type=positive_int)
+    add_setting(train_meter, "--layer", RegressionConfig, "layer", type=positive_int)
     train_meter.add_argument("--full", action="store_true", help="regression: train the backbone too (default: frozen)")
-    train_meter.add_argument("--head-epochs", type=positive_int, default=RegressionTrainConfig.head_epochs,
-                             help="regression, frozen backbone: head epochs, default %(default)s")
-    train_meter.add_argument("--epochs", type=positive_int, default=RegressionTrainConfig.epochs,
-                             help="epochs over the data when the backbone trains, default %(default)s")
-    train_meter.add_argument("--batch-size", type=positive_int, default=RegressionTrainConfig.batch_size,
-                             help="examples per optimizer step, default %(default)s")
+    add_setting(train_meter, "--head-epochs", RegressionTrainConfig, "head_epochs", type=positive_int)
+    add_setting(train_meter, "--epochs", RegressionTrainConfig, "epochs", type=positive_int)
+    add_setting(train_meter, "--batch-size", RegressionTrainConfig, "batch_size", type=positive_int)
     train_meter.add_argument("--lr", type=positive_float, help=f"learning rate (defaults: head {RegressionTrainConfig.lr_head_frozen:g} frozen; backbone "
                              f"{RegressionTrainConfig.lr_backbone:g}; "
                              "generative SFT 1e-5, GRPO 3e-6)")
@@ -267,10 +252,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              help="regression: hold out this fraction of the tasks (groups) from training and fit "
                              "the completion temperature on their states, p̃ = σ(logit / T), stored with the meter "
                              "(read by deltattg_robust's soft readout); default 0: T = 1")
-    train_meter.add_argument("--seed", type=seed_int, default=RegressionTrainConfig.seed)
+    add_setting(train_meter, "--seed", RegressionTrainConfig, "seed", type=seed_int)
     add_tokenizer(train_meter)
     add_skip_invalid(train_meter)
     train_meter.set_defaults(func=cmd_train_meter)
+
     score = sub.add_parser(
         "score",
         help="add the meter's readings to each trajectory (what `credit` consumes)",

@@ -9,6 +9,7 @@ import sys
 from deltattg.cli.common import (
     add_environment,
     add_meter_source,
+    add_setting,
     add_rollout,
     add_tokenizer,
     check_out,
@@ -66,7 +67,7 @@ def cmd_verl_tasks(args: argparse.Namespace) -> int:
     split = args.split or DEFAULT_SPLIT[args.env]
     try:
         make_env, _, _ = environment(args, [split])
-        rows = task_rows(make_env, split, args.limit)
+        rows = task_rows(make_env, split, args.limit, progress=args.progress)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     write_parquet(rows, args.out)
@@ -247,9 +248,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           help="evaluate the first N tasks of the split shuffled with --seed (default: every task)")
     add_rollout(evaluate, max_new_tokens=SamplingConfig.max_new_tokens,
                  seed_help="task order and the actor's randomness, default %(default)s")
-    evaluate.add_argument("--threads", type=number(int, low=0, high=1024), default=RunConfig.threads,
-                          help="lm actors: torch CPU threads (0: torch's default); on a shared CPU 1 avoids OpenMP "
-                          "oversubscription (up to 30x slower otherwise)")
+    add_setting(evaluate, "--threads", RunConfig, "threads", type=number(int, low=0, high=1024))
     evaluate.add_argument("--out", required=True, help="folder for episodes.jsonl, results.json and results.md "
                           "(a folder holding this run's episodes.jsonl is resumed)")
     evaluate.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -264,4 +263,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_environment(verl_tasks)
     verl_tasks.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks of the split")
     verl_tasks.add_argument("--out", required=True, help="parquet file to write")
+    verl_tasks.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     verl_tasks.set_defaults(func=cmd_verl_tasks)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from deltattg.data.trajectory import MAX_MAGNITUDE, MAX_TOKENS_TO_GO, MeterOutput, assistant_indices
 from deltattg.meter.prompt import serialize_message, shorten, turns_left_note
+from deltattg.settings import setting
 
 HEADER = (
     "Interaction history of an AI agent working on a task. At each '### next action' the progress meter estimates "
@@ -46,14 +47,19 @@ BACKBONE_DIR = "backbone"  # the folder of a meter saved with its backbone (mete
 @dataclass(frozen=True)
 class RegressionConfig:
     backbone: str  # HF id/path or model spec of the backbone (see deltattg.hf)
-    max_length: int = 2048
-    max_message_chars: int = 2000
+    max_length: int = setting(2048, "token budget of one meter input (regression window / generative prompt)")
+    max_message_chars: int = setting(2000, "regression: cap each message at this many characters (middle elided)")
     head_hidden: int = 256
     max_batch_tokens: int = 8192
-    pooling: str = "last"  # "last": the boundary token's hidden state; "last+mean": also the mean over its last block
-    target: str = "ttg"  # "ttg": log1p(Token-to-Go) of completable states; "score": the final score (E.4 +value)
-    ensemble: int = 1  # heads trained from seeds seed..seed+N-1 on the same features; readings average them
-    layer: int | None = None  # read the output of this decoder layer (1..num_hidden_layers); None: the final state
+    pooling: str = setting("last", "regression: features of a decision state: the boundary token's hidden state "
+                           "(last), or also the mean over its last block (last+mean)")
+    target: str = setting("ttg", "regression: what the value head predicts: ttg = log1p(Token-to-Go) of completable "
+                          "states (the DeltaTTG meter), score = the trajectory's final reward at every state (an "
+                          "outcome-score meter, read by --method value, E.4)")
+    ensemble: int = setting(1, "regression: train N heads (seeds --seed .. --seed+N-1) on the same features; a "
+                            "reading averages their completion probabilities and Token-to-Go")
+    layer: int | None = setting(None, "regression: read the output of this decoder layer of the backbone (1..its "
+                                "layer count) instead of its final state")
     temperature: float = 1.0  # p̃ = σ(logit / temperature), fitted on held-out states (deltattg.meter.fit)
     turn_limit: int | None = None  # the episodes' turn limit: each decision state is marked with the turns left
     kind: str = "regression"

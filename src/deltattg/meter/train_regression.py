@@ -28,6 +28,7 @@ from tqdm import tqdm
 from deltattg.data.labels import remaining_sums
 from deltattg.data.trajectory import Trajectory
 from deltattg.meter.regression import RegressionMeter, Window, head_members, meter_loss
+from deltattg.settings import setting
 
 FEATURES_NAME = "features.pt"  # the frozen-backbone feature cache in the output folder
 
@@ -48,9 +49,9 @@ class Example:
 class RegressionTrainConfig:
     output_dir: str
     freeze_backbone: bool = True
-    epochs: int = 1
-    head_epochs: int = 40
-    batch_size: int = 32
+    epochs: int = setting(1, "epochs over the data when the backbone trains")
+    head_epochs: int = setting(40, "regression, frozen backbone: head epochs")
+    batch_size: int = setting(32, "examples per optimizer step")
     lr_backbone: float = 1e-5
     lr_head: float = 1e-4
     lr_head_frozen: float = 1e-3
@@ -58,7 +59,7 @@ class RegressionTrainConfig:
     weight_decay: float = 0.01
     regression_weight: float = 1.0
     save_every: int = 200
-    seed: int = 0
+    seed: int = setting(0, "seed of the head's initialisation and the example order")
     progress: bool = True
 
 

@@ -16,6 +16,7 @@ from deltattg.hf import cache_argument
 from deltattg.rollout.engine import Action, Episode
 from deltattg.rollout.prompts import PromptConfig, episode_prompt, parse_react_action
 from deltattg.rollout.random_calls import HasToolCalls, random_reply
+from deltattg.settings import setting
 
 
 class RandomPolicy:
@@ -75,13 +76,16 @@ class NoisyExpertPolicy:
 class SamplingConfig:
     """Actor decoding (Table 4: temperature 1.0, top-p 1.0; max tokens per turn per preset). ``temperature=0``: greedy."""
 
-    temperature: float = 1.0
+    temperature: float = setting(1.0, "lm actors: sampling temperature (0 = greedy)")
     top_p: float = 1.0
     max_new_tokens: int = 64
     batch_size: int = 64
     max_prompt_tokens: int | None = None
     share_prompts: bool = True  # prefill each distinct prompt of a batch once (``shared_prefill``)
-    prefix_cache: int = 0  # > 0: one prompt at a time, reusing the key/values of this many recent conversations
+    prefix_cache: int = setting(0, "in-process lm actors: generate one prompt at a time, keeping the key/values of "
+                                "the N most recent conversations so a prompt is prefilled only past the prefix it "
+                                "shares with one (the next turn; the same system prompt). Worth it on CPU with long "
+                                "prompts (bfcl, tau2); 0: batched, no reuse")
 
 
 class ChatPolicy:

@@ -24,6 +24,7 @@ import yaml
 
 from deltattg.credit import CreditConfig, available_estimators, get_estimator
 from deltattg.loss import LossConfig
+from deltattg.settings import setting
 
 DAPO = "dapo"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -157,7 +158,8 @@ class RunConfig:
     keep_checkpoints: int = 0  # the newest N checkpoints are kept (0: all)
     tensorboard: bool = False
     progress: bool = True
-    threads: int = 0
+    threads: int = setting(0, "torch CPU threads (0: torch's default); on a shared CPU 1 avoids OpenMP "
+                           "oversubscription (up to 30x slower otherwise)")
     share_prompts: bool = True  # read each distinct prompt once (rollout prefill, log-prob passes); false: every row
     # reads its own (for models whose key/value cache rows cannot be copied with ``batch_select_indices``)
 

@@ -21,14 +21,19 @@ AGENT_NAME = "deltattg_env"
 TASK_FIELD = "deltattg_task"  # key of the task inside a row's extra_info
 
 
-def task_rows(make_env: Callable[[], Environment], split: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """The dataset rows of the first ``limit`` tasks of ``split`` (all by default)."""
+def task_rows(make_env: Callable[[], Environment], split: str, limit: int | None = None,
+              progress: bool = False) -> list[dict[str, Any]]:
+    """The dataset rows of the first ``limit`` tasks of ``split`` (all by default); ``progress`` draws a bar (each
+    row resets its task: an ALFWorld game load takes seconds)."""
+    from tqdm.auto import tqdm
+
     env = make_env()
     if not isinstance(env, Describable):
         raise ValueError(f"the {env.name!r} environment cannot describe itself, so verl's workers cannot rebuild it")
     description = env.describe()
     rows = []
-    for index, task in enumerate(list(env.tasks(split))[:limit]):
+    tasks = list(env.tasks(split))[:limit]
+    for index, task in enumerate(tqdm(tasks, desc=f"{env.name} {split}", unit="task", disable=not progress)):
         observation = env.reset(task)
         spec = {"env": description, "task": {"id": task.id, "split": task.split, "data": task.data}}
         rows.append({
