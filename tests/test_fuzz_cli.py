@@ -1,10 +1,10 @@
 """Fuzzing the command line's bad-input contract: random bytes, random JSON values and random mutations of valid
-records (and random option values) fed to ``labels``, ``credit``, ``score``, ``eval-steps``, ``collect``, ``inspect``
-and ``train-meter``.
+records (and random option values) fed to ``labels``, ``credit``, ``score``, ``eval-steps``, ``collect``, ``inspect``,
+``guide``, ``evaluate``, ``train-meter`` and ``verl-tasks``.
 
 Whatever the input, a run ends with exit status 0 or 2 (``score`` also 3: no valid reading), never with an exception
 (a traceback), and its output is either absent (always so after a failure) or a complete JSONL file of objects (or
-``train-meter``'s whole meter folder); no temporary file is left behind. Commands run in-process
+``train-meter``'s whole meter folder, ``verl-tasks``' whole parquet file); no temporary file is left behind. Commands run in-process
 (``deltattg.cli.main``) for speed.
 """
 
@@ -432,3 +432,24 @@ def test_train_meter(household, backbone, data):
         assert (code == 0) == out.exists() and not (folder / ".meter.partial").exists()
         if code == 0:
             assert {"meter_config.json", "head.pt", "train_report.json"} <= {p.name for p in out.iterdir()}
+
+
+# ---- verl-tasks (household short tasks: a run costs a fraction of a second) ---------------------------------------
+@FEWER
+@given(data=st.data())
+def test_verl_tasks_options(data):
+    import pyarrow.parquet as pq
+
+    extra = options(data, [("--split", ["train", "valid_unseen"], ["nosuch", "", "valid_seen,"]),
+                           ("--limit", ["1", "3"], ["0", "-1", "x", *BAD_NUMBERS[:3]]),
+                           ("--short", [SWITCH], []), ("--data", ["/nonexistent"], [])])
+    extra += [] if "--limit" in extra else ["--limit", "2"]
+    with scratch() as folder:
+        out = folder / data.draw(st.sampled_from(["t.parquet", "new/t.parquet", "t.parquet/"]))
+        code = run(["verl-tasks", "--env", "household", *extra, "--out", str(out), "--no-progress"], folder, [out])
+        if code == 0:
+            rows = pq.read_table(out).to_pylist()
+            assert len(rows) == int(extra[extra.index("--limit") + 1])
+            assert all(row["agent_name"] == "deltattg_env" for row in rows)
+        else:
+            assert [p for p in folder.rglob("*") if p.is_file()] == []  # nothing written
