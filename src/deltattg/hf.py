@@ -36,12 +36,20 @@ def looks_local(spec: str) -> bool:
     return bool(parent) and os.path.isdir(os.path.expanduser(parent))
 
 
+def local_folder(spec: str) -> str | None:
+    """The local path a model spec names, as written (:func:`looks_local`; the folder of ``DIR::FILE.gguf``), or
+    ``None`` for a Hub id or ``smollm2``."""
+    folder, sep, _ = spec.partition("::")
+    return None if spec == SMOLLM2 or not (looks_local(folder) or sep) else folder
+
+
 def check_local(spec: str, what: str = "model") -> None:
-    """Refuse at once (``InputError``, one line) a local-looking spec (:func:`looks_local`, the folder of a
-    ``DIR::FILE.gguf`` spec included) that does not exist, instead of asking the Hub for it."""
-    folder, sep, gguf_file = spec.partition("::")
-    if spec == SMOLLM2 or not (looks_local(folder) or sep):
+    """Refuse at once (``InputError``, one line) a local-looking spec (:func:`local_folder`) that does not exist,
+    instead of asking the Hub for it."""
+    folder = local_folder(spec)
+    if folder is None:
         return
+    _, sep, gguf_file = spec.partition("::")
     path = os.path.expanduser(folder)
     if not os.path.exists(path):
         raise InputError(f"no such file or folder (a local {what} path: not looked up on the Hugging Face Hub)",

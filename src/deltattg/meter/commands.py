@@ -74,20 +74,18 @@ def _located_tokens(item: Located, tokenizer: Any) -> list[int]:
 
 
 def _local_spec(spec: str | None) -> Path | None:
-    """The local file or folder a model or tokenizer spec reads (the folder of ``DIR::FILE.gguf``), resolved; ``None``
+    """The local file or folder a model or tokenizer spec reads (:func:`deltattg.hf.local_folder`), resolved; ``None``
     for a Hub id, the named ``smollm2`` spec or no spec."""
-    from deltattg.hf import SMOLLM2, looks_local
+    from deltattg.hf import local_folder
 
-    if spec is None or spec == SMOLLM2:
-        return None
-    folder, sep, _ = spec.partition("::")
-    return Path(folder).expanduser().resolve() if sep or looks_local(folder) else None
+    folder = None if spec is None else local_folder(spec)
+    return None if folder is None else Path(folder).expanduser().resolve()
 
 
 def check_meter_output(out: str, *, model: str, tokenizer: str | None = None) -> None:
     """Refuse, before any work, an ``--out`` that would write into a model or tokenizer it reads (the same folder,
-    one inside it, or one holding it; compared as resolved paths) or that cannot be written (a file on its way, a
-    read-only place): ``InputError`` naming it. Nothing is created."""
+    one inside it, or one holding it; compared as resolved paths) or whose work folder beside it cannot be written (a
+    file on its way, a read-only place): ``InputError`` naming it. Nothing is created."""
     from deltattg.data.jsonl import check_writable
 
     target = Path(out).expanduser().resolve()
@@ -97,11 +95,10 @@ def check_meter_output(out: str, *, model: str, tokenizer: str | None = None) ->
             where = "is" if source == target else "is inside" if source in target.parents else "holds"
             raise InputError(f"--out {where} the {option} folder ({spec}): refusing to write the meter over what it "
                              "trains from; choose another --out", path=out)
-    for folder in (target, partial_folder(target)):  # the meter is built next to --out, then moved into it
-        try:
-            check_writable(folder, folder=True)
-        except InputError as exc:
-            raise InputError(exc.message, path=out) from None
+    try:  # the meter is built next to --out, then moved into it (--out itself: the command's check_out)
+        check_writable(partial_folder(target), folder=True)
+    except InputError as exc:
+        raise InputError(exc.message, path=out) from None
 
 
 def partial_folder(out: Path) -> Path:

@@ -484,15 +484,12 @@ def with_changes(config: TrainConfig, **sections: dict) -> TrainConfig:
 
 
 def _absolute(spec: str) -> str:
-    """A local path spec (:func:`deltattg.hf.looks_local`; ``DIR::FILE.gguf`` by its folder) made absolute; a Hub id,
+    """A local path spec (:func:`deltattg.hf.local_folder`; ``DIR::FILE.gguf`` by its folder) made absolute; a Hub id,
     ``smollm2``, ``tiny``, ``oracle`` or a URL as it is."""
-    from deltattg.hf import SMOLLM2, looks_local
+    from deltattg.hf import local_folder
 
-    folder, sep, gguf_file = spec.partition("::")
-    named = spec in (SMOLLM2, "tiny", "oracle") or spec.startswith(("http://", "https://"))
-    if named or not (looks_local(folder) or sep):
-        return spec
-    return _absolute_path(folder) + sep + gguf_file
+    folder = None if spec in ("tiny", "oracle") or spec.startswith(("http://", "https://")) else local_folder(spec)
+    return spec if folder is None else _absolute_path(folder) + spec[len(folder):]
 
 
 def _absolute_path(path: str) -> str:
