@@ -526,4 +526,4 @@ def test_a_proxy_from_the_environment_is_used(server, monkeypatch):
     assert (method, path) == ("POST", "http://meter.invalid:8000/v1/chat/completions")
     assert headers["Host"] == "meter.invalid:8000" and headers["Proxy-Authorization"] == "Basic dXNlcjpwdw=="
     monkeypatch.setenv("no_proxy", "meter.invalid")
-    assert EndpointMeter("http://meter.invalid:8000/v1", "m")._proxy is None
+    assert EndpointMeter("http://meter.invalid:8000/v1", "m")._post._proxy is None
