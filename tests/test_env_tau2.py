@@ -22,13 +22,12 @@ from deltattg.envs.base import (  # noqa: E402
     verified_outcome,
 )
 from deltattg.envs.registry import DEFAULT_SPLIT, ENVIRONMENTS, env_factory, rebuild  # noqa: E402
+from deltattg.envs.tool_calls import Malformed, parse_tool_calls  # noqa: E402
 from deltattg.envs.tau2 import (  # noqa: E402
     CONFIRMATION,
     STOP,
-    Malformed,
     Tau2Env,
     load_tasks,
-    parse_action,
     requested_user_calls,
     tau2_task,
     user_tools,
@@ -207,12 +206,12 @@ def test_tool_calls_run_and_errors_are_not_verified():
 
 
 def test_parse_action_formats():
-    assert parse_action("Hello, how can I help?") is None
-    assert parse_action('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>') == [("a", {"x": 1})]
-    assert parse_action('{"name": "a", "arguments": "{\\"x\\": 1}"}') == [("a", {"x": 1})]
-    assert parse_action('{"name": "a"}') == [("a", {})]
+    assert parse_tool_calls("Hello, how can I help?") is None
+    assert parse_tool_calls('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>') == [("a", {"x": 1})]
+    assert parse_tool_calls('{"name": "a", "arguments": "{\\"x\\": 1}"}') == [("a", {"x": 1})]
+    assert parse_tool_calls('{"name": "a"}') == [("a", {})]
     with pytest.raises(Malformed):
-        parse_action("{not json}")
+        parse_tool_calls("{not json}")
 
 
 def test_the_scripted_user_sends_its_pieces_then_confirms_then_stops():
@@ -303,7 +302,7 @@ def test_reference_answer_is_the_gold_assistant_calls():
     t = task("retail/5")
     lines = Tau2Env().reference_answer(t).splitlines()
     assert lines == [call(a) for a in gold(t) if a.requestor == "assistant"]
-    assert all(parse_action(line) for line in lines)
+    assert all(parse_tool_calls(line) for line in lines)
 
 
 def test_a_local_model_can_play_the_user():

@@ -103,6 +103,7 @@ from typing import Any
 
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
+from deltattg.envs.tool_calls import Malformed, parse_tool_calls, tool_call
 
 DOMAINS = ("retail", "airline", "telecom")
 MAX_STEPS = 30
@@ -215,54 +216,6 @@ def tau2_task(task: Task) -> Tau2Task:
     return _tau2_task(json.dumps(task.data["task"], sort_keys=True))
 
 
-# --------------------------------------------------------------------------------------------------------- parsing
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.S)
-_TAGS = re.compile(r"^<tool_call>\s*(.*?)\s*(?:</tool_call>)?$", re.S)
-
-
-class Malformed(ValueError):
-    """A reply that starts like a tool call but is not one."""
-
-
-def _as_call(value: Any) -> tuple[str, dict[str, Any]]:
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
-        raise Malformed('a tool call is a JSON object with a "name" (a string) and "arguments" (an object)')
-    arguments = value.get("arguments", {})
-    if isinstance(arguments, str):  # OpenAI-style arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            raise Malformed(f'the "arguments" of {value["name"]} are not a JSON object') from None
-    if not isinstance(arguments, dict):
-        raise Malformed(f'the "arguments" of {value["name"]} must be a JSON object')
-    return value["name"], arguments
-
-
-def parse_action(reply: str) -> list[tuple[str, dict[str, Any]]] | None:
-    """The tool calls of a reply as ``(name, arguments)``, or None for a message to the user. Raises
-    :class:`Malformed` for a reply that starts like a tool call (``{``, ``[``, ``<tool_call>``) but is not one, or
-    an empty reply."""
-    body = reply.strip()
-    if not body:
-        raise Malformed("empty reply")
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1).strip()
-    tagged = _TAGS.match(body)
-    if tagged:
-        body = tagged.group(1).strip()
-    if not (tagged or body.startswith(("{", "["))):
-        return None
-    try:
-        value = json.loads(body)
-    except ValueError as error:
-        raise Malformed(f"invalid JSON ({error})") from None
-    calls = [_as_call(item) for item in value] if isinstance(value, list) else [_as_call(value)]
-    if not calls:
-        raise Malformed("an empty list of tool calls")
-    return calls
-
-
 def _json_objects(text: str) -> list[Any]:
     """Every JSON object embedded in ``text`` (outermost ones, left to right)."""
     decoder, found, index = json.JSONDecoder(), [], 0
@@ -283,7 +236,7 @@ def requested_user_calls(message: str, user_tools: dict[str, Any]) -> list[tuple
     calls = []
     for value in _json_objects(message):
         try:
-            name, arguments = _as_call(value)
+            name, arguments = tool_call(value)
         except Malformed:
             continue
         if name in user_tools:
@@ -362,7 +315,7 @@ class ModelUser:
     def _next(self) -> UserTurn:
         text = self.generate(list(self.messages)).strip() or STOP
         try:
-            calls = parse_action(text)
+            calls = parse_tool_calls(text)
         except Malformed:
             calls = None
         self.messages.append({"role": "assistant", "content": text})
@@ -566,7 +519,7 @@ class Tau2Env:
             info["won"] = reward == 1.0
             return StepResult("", reward, True, info)
         try:
-            calls = parse_action(action)
+            calls = parse_tool_calls(action)
         except Malformed as error:
             calls, info["kind"], info["verified"] = None, "malformed", False
             observation = f"Error: malformed tool call: {error}"
