@@ -59,20 +59,37 @@ def add_tokenizer(parser: argparse.ArgumentParser) -> None:
     )
 
 
-SPLITS = ("(household, alfworld: train, valid_seen, valid_unseen; alfworld also valid_train; bfcl: base, miss_func, "
+SPLITS = ("(household, alfworld: train, valid_seen, valid_unseen; alfworld also valid_train; search: the question "
+          "files' stems; bfcl: base, miss_func, "
           "miss_param, long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; "
           "tau2: retail)")
 
 
 def add_environment(parser: argparse.ArgumentParser, *, several_splits: bool = False) -> None:
-    """--env, --split, --short and --data: which environment and which of its tasks."""
+    """--env, --split, --short, --data and the search environment's --corpus / --retriever / --topk: which
+    environment and which of its tasks."""
     from deltattg.envs.registry import ENVIRONMENTS
 
     parser.add_argument("--env", required=True, choices=ENVIRONMENTS)
     parser.add_argument("--split", help=("task split, or several separated by commas " if several_splits
                                          else "task split ") + SPLITS)
     parser.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
-    parser.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA)")
+    parser.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA); search: a question "
+                        "file (JSONL or Parquet) or a folder of them, one split per file")
+    search = parser.add_argument_group("search environment (one of --corpus and --retriever)")
+    search.add_argument("--corpus", help="a passage corpus JSONL ({id, contents}), searched here with BM25")
+    search.add_argument("--retriever", metavar="URL", help="a Search-R1 retrieval server (POST URL/retrieve), e.g. "
+                        "`deltattg serve-retriever`")
+    search.add_argument("--topk", type=number(int, low=1, high=100), help="passages per query (default 3)")
+
+
+def environment_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The environment options the command line gives (the search environment's; refused for the others)."""
+    given = {k: v for k, v in {"corpus": args.corpus, "retriever": args.retriever, "topk": args.topk}.items()
+             if v is not None}
+    if given and args.env != "search":
+        raise UsageError(f"--{', --'.join(given)}: only for --env search")
+    return given
 
 
 def add_rollout(parser: argparse.ArgumentParser, max_new_tokens: int, seed_help: str | None = None) -> None:
@@ -94,7 +111,8 @@ def environment(args: argparse.Namespace, splits: Sequence[str]) -> tuple:
     splits hold no task (alfworld: no data at --data or $ALFWORLD_DATA)."""
     from deltattg.envs.registry import env_factory
 
-    make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full")
+    make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full",
+                           **environment_options(args))
     probe = make_env()
     tasks = [task for split in splits for task in probe.tasks(split)]
     if not tasks:

@@ -1,5 +1,5 @@
-"""Environments by name, for the command line and the trainer: ``household`` (built in), ``alfworld``, ``bfcl`` and
-``tau2`` (extras)."""
+"""Environments by name, for the command line and the trainer: ``household`` (built in), ``search`` (extra
+``[search]``), ``alfworld``, ``bfcl`` and ``tau2`` (extras)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from deltattg.envs.base import Environment
 
-ENVIRONMENTS = ("household", "alfworld", "bfcl", "tau2")
-DEFAULT_SPLIT = {"household": "train", "alfworld": "train", "bfcl": "base", "tau2": "retail"}
+ENVIRONMENTS = ("household", "search", "alfworld", "bfcl", "tau2")
+DEFAULT_SPLIT = {"household": "train", "search": "train", "alfworld": "train", "bfcl": "base", "tau2": "retail"}
 HOUSEHOLD_SIZES = ("short", "full")
 
 
@@ -18,7 +18,9 @@ def env_factory(
 ) -> Callable[[], Environment]:
     """A zero-argument constructor of environment ``name`` (each rollout gets its own instance).
 
-    household: ``size`` short (CPU demos) or full, ``options`` are ``HouseholdConfig`` knobs; alfworld: ``data`` is
+    household: ``size`` short (CPU demos) or full, ``options`` are ``HouseholdConfig`` knobs; search: ``data`` is the
+    question file or folder, ``options`` ``corpus`` or ``retriever`` (one of them), ``topk``, ``retriever_timeout``;
+    alfworld: ``data`` is
     the json_2.1.1 folder (default ``$ALFWORLD_DATA``); tau2: ``options`` are ``domain`` (None: every domain),
     ``user`` (``scripted`` or ``lm:MODEL``) and ``max_errors``; ``max_steps`` overrides the environment's step limit.
     """
@@ -43,6 +45,18 @@ def env_factory(
         if str(options.get("user", "")).startswith("callable:"):
             raise ValueError("a tau2 environment with a callable user cannot be rebuilt from its description")
         return lambda: Tau2Env(**options, **limit)
+    if name == "search":
+        try:
+            from deltattg.envs.search import SearchEnv
+        except ImportError as exc:
+            raise ImportError("the search environment needs the [search] extra (pip install 'deltattg[search]')") from exc
+        unknown = sorted(set(options) - {"corpus", "retriever", "topk", "retriever_timeout"})
+        if unknown:
+            raise ValueError(f"environment 'search' takes the options corpus, retriever, topk and retriever_timeout "
+                             f"(got {unknown})")
+        if data is None:
+            raise ValueError("the search environment needs its questions: a question file or folder (--data)")
+        return lambda: SearchEnv(data, **options, **limit)
     if options:
         raise ValueError(f"environment {name!r} takes no options (got {sorted(options)})")
     if name == "alfworld":

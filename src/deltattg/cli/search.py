@@ -1,0 +1,80 @@
+"""The search environment's own commands: ``search-data`` (a closed question set and corpus from recorded Search-R1
+trajectories) and ``serve-retriever`` (Search-R1's ``/retrieve`` over a corpus, for ``--retriever`` and verl)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deltattg.cli.common import check_out
+from deltattg.command import UsageError, number
+
+
+def cmd_search_data(args: argparse.Namespace) -> int:
+    """Write a closed search-QA set (corpus.jsonl, train.jsonl, test.jsonl) built from recorded trajectories."""
+    from pathlib import Path
+
+    from deltattg.envs.search.closed_corpus import closed_set, write_closed_set
+
+    check_out(args.out, folder=True)
+    for name in ("corpus", "train", "test"):
+        check_out(str(Path(args.out) / f"{name}.jsonl"), args.trajectories)
+    closed = closed_set(args.trajectories, test_share=args.test_share)
+    if not any(closed.splits.values()):
+        raise UsageError(f"{args.trajectories}: no question has its golden answer in a recorded passage")
+    counts = write_closed_set(closed, args.out)
+    print(f"wrote {counts['corpus']} passages, {counts['train']} train and {counts['test']} test questions to "
+          f"{args.out} ({closed.dropped} questions dropped: no recorded passage holds their answer)", file=sys.stderr)
+    return 0
+
+
+def cmd_serve_retriever(args: argparse.Namespace) -> int:
+    """Serve Search-R1's POST /retrieve over a corpus with BM25 until interrupted."""
+    from deltattg.envs.search.retrieval import RETRIEVE_PATH, bm25_index, make_server
+
+    try:
+        index = bm25_index(args.corpus)
+        server = make_server(index, args.host, args.port, topk=args.topk)
+    except ImportError as exc:
+        raise UsageError(f"{exc} (pip install 'deltattg[search]')") from None
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    host, port = server.server_address[:2]
+    print(f"serving {len(index.passages)} passages of {args.corpus} at http://{host}:{port}{RETRIEVE_PATH} "
+          "(Ctrl-C stops)", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.server_close()
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser(
+        "search-data",
+        help="a closed search-QA set (corpus + questions) from recorded Search-R1 trajectories",
+        description="Every passage the recorded searches returned becomes the corpus; every question whose golden "
+        "answer one of them contains becomes a task (with a successful trajectory's queries, what the expert tries "
+        "first). Input: AgentProcessBench-style JSONL (question, ground_truth.target, messages with search calls).",
+    )
+    data.add_argument("trajectories", help="recorded trajectories (e.g. AgentProcessBench hotpotqa.jsonl)")
+    data.add_argument("--out", required=True, help="folder for corpus.jsonl, train.jsonl and test.jsonl")
+    data.add_argument("--test-share", type=number(float, low=0, high=1), default=0.25,
+                      help="share of the questions in test.jsonl (by a hash of the question), default %(default)s")
+    data.set_defaults(func=cmd_search_data)
+
+    serve = sub.add_parser(
+        "serve-retriever",
+        help="serve Search-R1's POST /retrieve over a corpus JSONL with BM25",
+        description="The retrieval server the search environment's --retriever (and Search-R1 / verl search tools) "
+        "talk to: POST /retrieve with {queries, topk, return_scores}.",
+    )
+    serve.add_argument("corpus", help="passage corpus JSONL, one {\"id\", \"contents\": \"Title\\ntext\"} a line")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on, default %(default)s (loopback)")
+    serve.add_argument("--port", type=number(int, low=0, high=65535), default=8000,
+                       help="port, default %(default)s (0: any free port)")
+    serve.add_argument("--topk", type=number(int, low=1, high=100), default=3,
+                       help="passages per query when a request gives no topk, default %(default)s")
+    serve.set_defaults(func=cmd_serve_retriever)

@@ -1,0 +1,109 @@
+"""A closed search-QA set from recorded Search-R1 trajectories (AgentProcessBench hotpotqa): every passage the
+recorded searches returned becomes the corpus, and each question whose golden answer some recorded passage contains
+becomes a task, its queries those of a successful recorded trajectory (else of any). Small enough for CPU tests and
+recipes, and built from the user's copy of the data at run time (``deltattg search-data``), never shipped.
+
+    corpus.jsonl        {"id", "contents"} per passage (Search-R1's layout)
+    train.jsonl, test.jsonl   {"id", "question", "golden_answers", "queries"} per question
+
+Splits: a fixed share of the questions (``test_share``) goes to ``test`` by a hash of the question text, so the split
+does not depend on the file's order. (AgentProcessBench's own ``split.json`` splits trajectories, not questions.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deltattg.data.jsonl import read_jsonl, write_jsonl
+from deltattg.envs.search.answers import exact_match, mentions
+from deltattg.errors import InputError
+
+
+@dataclass(frozen=True)
+class ClosedSet:
+    corpus: list[dict[str, str]]
+    splits: dict[str, list[dict[str, Any]]]
+    dropped: int  # questions whose answer no recorded passage contains
+
+
+def _search_results(message: dict[str, Any]) -> list[dict[str, str]]:
+    """The documents of one recorded ``search`` tool message (none for an error message)."""
+    try:
+        result = json.loads(message.get("content") or "")["result"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    docs = []
+    for hits in result if isinstance(result, list) else []:
+        for hit in hits if isinstance(hits, list) else []:
+            doc = hit.get("document", hit) if isinstance(hit, dict) else None
+            if isinstance(doc, dict) and isinstance(doc.get("contents"), str) and "id" in doc:
+                docs.append({"id": str(doc["id"]), "contents": doc["contents"]})
+    return docs
+
+
+def _queries(message: dict[str, Any]) -> list[str]:
+    queries = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        if function.get("name") != "search":
+            continue
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            continue
+        found = arguments.get("query_list", arguments.get("query")) if isinstance(arguments, dict) else None
+        found = [found] if isinstance(found, str) else found
+        queries += [q.strip() for q in found or [] if isinstance(q, str) and q.strip()]
+    return queries
+
+
+def _split_of(question: str, test_share: float) -> str:
+    digest = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "test" if digest < test_share else "train"
+
+
+def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> ClosedSet:
+    """The closed set of an AgentProcessBench-style JSONL file (see the module doc)."""
+    corpus: dict[str, str] = {}
+    found: dict[str, set[str]] = defaultdict(set)
+    answers: dict[str, list[str]] = {}
+    queries: dict[str, list[str]] = {}
+    for line, record in read_jsonl(trajectories):
+        question, truth = record.get("question"), (record.get("ground_truth") or {}).get("target")
+        if not isinstance(question, str) or not isinstance(truth, (list, str)) or not isinstance(record.get("messages"), list):
+            raise InputError("an AgentProcessBench record needs 'question', 'ground_truth.target' and 'messages'",
+                             path=str(trajectories), line=line)
+        golden = [truth] if isinstance(truth, str) else [str(t) for t in truth]
+        answers.setdefault(question, golden)
+        asked = []
+        for message in record["messages"]:
+            if message.get("role") == "tool":
+                for doc in _search_results(message):
+                    corpus.setdefault(doc["id"], doc["contents"])
+                    found[question].add(doc["id"])
+            elif message.get("role") == "assistant":
+                asked += _queries(message)
+        won = exact_match(str(record.get("answer_text") or ""), golden)
+        if asked and (won or question not in queries):  # a successful trajectory's queries, else the first's
+            queries[question] = list(dict.fromkeys(asked))
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
+    dropped = 0
+    for index, (question, golden) in enumerate(answers.items()):
+        if not any(mentions(corpus[i], golden) for i in found[question]):
+            dropped += 1
+            continue
+        row = {"id": f"q{index}", "question": question, "golden_answers": golden, "queries": queries.get(question, [])}
+        splits[_split_of(question, test_share)].append(row)
+    return ClosedSet([{"id": i, "contents": c} for i, c in corpus.items()], splits, dropped)
+
+
+def write_closed_set(closed: ClosedSet, out: str | os.PathLike) -> dict[str, int]:
+    """Write ``corpus.jsonl`` and one file per split into ``out`` (each whole or not at all); the counts written."""
+    return {name: write_jsonl(Path(out) / f"{name}.jsonl", rows)
+            for name, rows in [("corpus", closed.corpus), *closed.splits.items()]}

@@ -1,0 +1,203 @@
+"""Retrieval for the search environment, both sides of Search-R1's protocol.
+
+    POST /retrieve  {"queries": ["..."], "topk": 3, "return_scores": true}
+    ->              {"result": [[{"document": {"id": "...", "contents": "Title\\ntext"}, "score": 0.85}, ...], ...]}
+
+(without ``return_scores``, each query's list holds the documents themselves). This is what Search-R1's
+``retrieval_server.py`` serves and what the AgentProcessBench trajectories record.
+
+* :class:`BM25Index` — a local retriever over a corpus JSONL (``bm25s``, Lucene's BM25, English stop words), built in
+  memory once per corpus file and process; passages no query term matches are not returned.
+* :class:`RetrievalClient` — a client of any server speaking the protocol, each request a
+  :class:`~deltattg.deadline_post.DeadlinePost` (one deadline, bounded retries, redirects not followed).
+* :func:`serve` — ``deltattg serve-retriever CORPUS --port P``: the protocol over a :class:`BM25Index` (standard
+  library HTTP server, one thread per request; bodies over 1 MiB, more than 256 queries or ``topk`` over 100 are
+  refused with HTTP 400/413 and a JSON ``{"error": ...}``).
+
+A failed retrieval is a :class:`RetrievalError` with a one-line reason; the environment turns it into a failed step.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import urllib.parse
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Protocol
+
+from deltattg.deadline_post import DeadlinePost, http_url_parts, snippet
+from deltattg.envs.search.data import Passage, read_corpus
+from deltattg.errors import InputError
+
+MAX_QUERIES = 256
+MAX_TOPK = 100
+MAX_REQUEST_BYTES = 1 << 20
+RETRIEVE_PATH = "/retrieve"
+
+
+class RetrievalError(RuntimeError):
+    """A retrieval that gave no passages: the server did not answer, or answered something else."""
+
+
+class Retriever(Protocol):
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        """The top ``topk`` passages of each query, best first."""
+        ...
+
+
+class BM25Index:
+    """BM25 over a list of passages (see the module doc)."""
+
+    def __init__(self, passages: Sequence[Passage]):
+        import bm25s
+
+        self.passages = list(passages)
+        self._bm25 = bm25s.BM25()
+        self._bm25.index(self._tokenize([p.contents for p in self.passages]), show_progress=False)
+        self._lock = threading.Lock()  # bm25s keeps per-call state: one search at a time
+
+    @staticmethod
+    def _tokenize(texts: list[str]) -> Any:
+        import bm25s
+
+        return bm25s.tokenize(texts, stopwords="en", show_progress=False)
+
+    def scored(self, queries: Sequence[str], topk: int) -> list[list[tuple[Passage, float]]]:
+        """The top ``topk`` ``(passage, score)`` of each query with a positive score, best first."""
+        if not queries:
+            return []
+        k = max(1, min(topk, len(self.passages)))
+        with self._lock:
+            ids, scores = self._bm25.retrieve(self._tokenize(list(queries)), k=k, show_progress=False, n_threads=1)
+        return [[(self.passages[int(i)], float(s)) for i, s in zip(row, row_scores) if s > 0]
+                for row, row_scores in zip(ids.tolist(), scores.tolist())]
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        return [[p for p, _ in hits] for hits in self.scored(queries, topk)]
+
+
+@functools.lru_cache(maxsize=4)
+def _index(path: str, mtime_ns: int, size: int) -> BM25Index:
+    return BM25Index(read_corpus(path))
+
+
+def bm25_index(corpus: str | os.PathLike) -> BM25Index:
+    """The :class:`BM25Index` of a corpus file, built once per process (until the file changes)."""
+    path = Path(corpus).expanduser()
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise InputError(f"cannot read the corpus: {exc.strerror}", path=str(corpus)) from None
+    return _index(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def retrieval_url(url: str) -> str:
+    """``http://host:port`` gets Search-R1's ``/retrieve`` path; a URL with a path is used as is."""
+    parts = http_url_parts(url, "the retriever URL")
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path if parts.path.strip("/") else RETRIEVE_PATH))
+
+
+def passages_of(body: bytes, n_queries: int) -> list[list[Passage]]:
+    """The passages of a ``/retrieve`` answer for ``n_queries`` queries (with or without scores);
+    :class:`RetrievalError` for anything else."""
+    try:
+        result = json.loads(body)["result"]
+        if not isinstance(result, list) or len(result) != n_queries:
+            raise ValueError(f"'result' must hold one list per query ({n_queries})")
+        return [[_passage(item.get("document", item)) for item in hits] for hits in result]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise RetrievalError(f"not a /retrieve answer ({exc}): {snippet(body)}") from None
+
+
+def _passage(document: Any) -> Passage:
+    if not isinstance(document, dict) or not isinstance(document.get("contents"), str):
+        raise ValueError("a document is an object with a string 'contents'")
+    return Passage(str(document.get("id", "")), document["contents"])
+
+
+class RetrievalClient:
+    """Search through a Search-R1-compatible server at ``url`` (``http://host:port`` or the full ``/retrieve`` URL)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 2, backoff_s: float = 0.5):
+        self.url = retrieval_url(url)
+        self._post = DeadlinePost(self.url, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                                  max_body_bytes=16 << 20, timeout_name="retriever timeout")
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        payload = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
+        answer = self._post.send(payload)
+        if answer.body is None:
+            raise RetrievalError(answer.error or f"no answer from {self.url}")
+        return passages_of(answer.body, len(queries))
+
+
+# ---- the server --------------------------------------------------------------------------------------------------
+
+def retrieve_answer(index: BM25Index, request: Any, default_topk: int) -> dict[str, Any]:
+    """The ``/retrieve`` answer to a decoded request body; ``ValueError`` naming the field for a bad request."""
+    if not isinstance(request, dict):
+        raise ValueError("the body must be a JSON object with 'queries'")
+    queries = request.get("queries")
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise ValueError("'queries' must be a list of strings")
+    if len(queries) > MAX_QUERIES:
+        raise ValueError(f"'queries': at most {MAX_QUERIES} per request, got {len(queries)}")
+    topk = request.get("topk")
+    topk = default_topk if topk is None else topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"'topk' must be an integer from 1 to {MAX_TOPK}")
+    with_scores = request.get("return_scores", False)
+    if not isinstance(with_scores, bool):
+        raise ValueError("'return_scores' must be true or false")
+    result = [[{"document": p.as_json(), "score": s} if with_scores else p.as_json() for p, s in hits]
+              for hits in index.scored(queries, topk)]
+    return {"result": result}
+
+
+def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, topk: int = 3) -> ThreadingHTTPServer:
+    """An HTTP server answering ``POST /retrieve`` over ``index`` (``port`` 0: any free port); call
+    ``serve_forever()`` on it."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "deltattg-retriever"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise here
+            pass
+
+        def _answer(self, status: int, value: Any) -> None:
+            body = json.dumps(value).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._answer(404 if self.path != RETRIEVE_PATH else 405, {"error": f"use POST {RETRIEVE_PATH}"})
+
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0] != RETRIEVE_PATH:
+                self._answer(404, {"error": f"use POST {RETRIEVE_PATH}"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self._answer(411, {"error": "a Content-Length is required"})
+                return
+            if length > MAX_REQUEST_BYTES or length < 0:
+                self._answer(413, {"error": f"a request body is at most {MAX_REQUEST_BYTES} bytes"})
+                return
+            try:
+                answer = retrieve_answer(index, json.loads(self.rfile.read(length)), topk)
+            except (ValueError, RecursionError) as exc:
+                self._answer(400, {"error": str(exc)})
+                return
+            self._answer(200, answer)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,352 @@
+"""The search environment (Search-R1 / PaperSearchQA setting): answers judged by hand, actions in both forms, the
+question and corpus files' bad input, the expert and the mistakes, and retrieval through a real server on loopback
+(answers equal the local index's; a dead, hanging or misbehaving server is a failed step, never a hang)."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("bm25s", reason="the search environment needs the [search] extra (pip install bm25s)")
+
+from deltattg.cli import main  # noqa: E402
+from deltattg.envs.base import Describable, HasExpert, HasMistakes  # noqa: E402
+from deltattg.envs.registry import env_factory, rebuild  # noqa: E402
+from deltattg.envs.search.answers import exact_match, f1_score, mentions, normalize_answer  # noqa: E402
+from deltattg.envs.search.data import read_corpus, read_questions  # noqa: E402
+from deltattg.envs.search.env import INVALID, SearchEnv, parse_search_action  # noqa: E402
+from deltattg.envs.search.retrieval import BM25Index, RetrievalClient, make_server  # noqa: E402
+from deltattg.errors import InputError  # noqa: E402
+
+CORPUS = [
+    {"id": "p1", "contents": '"Westminster School, Adelaide"\nWestminster School is a boarding school at Marion, South '
+                             "Australia, opened by Prime Minister Robert Menzies in 1961."},
+    {"id": "p2", "contents": "Marion, South Australia\nMarion is a city in Adelaide founded in 1838."},
+    {"id": "p3", "contents": "Melbourne\nMelbourne was founded on 30 August 1835 by free settlers."},
+    {"id": "p4", "contents": "Hamlet\nHamlet is a tragedy written by William Shakespeare."},
+]
+QUESTIONS = [
+    {"id": "menzies", "question": "Which city founded in 1838 has a boarding school opened by Robert Menzies?",
+     "golden_answers": ["Marion, South Australia", "Marion"], "queries": ["boarding school Robert Menzies"]},
+    {"id": "hamlet", "question": "Who wrote the tragedy Hamlet?", "golden_answers": "William Shakespeare"},
+    {"id": "melbourne", "question": "When was Melbourne founded?",
+     "reward_model": {"ground_truth": {"target": ["30 August 1835"]}}},
+]
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+@pytest.fixture()
+def files(tmp_path):
+    (tmp_path / "q").mkdir()
+    write_jsonl(tmp_path / "q" / "train.jsonl", QUESTIONS)
+    write_jsonl(tmp_path / "q" / "test.jsonl", QUESTIONS[1:])
+    return tmp_path / "q", write_jsonl(tmp_path / "corpus.jsonl", CORPUS)
+
+
+@pytest.fixture()
+def env(files):
+    questions, corpus = files
+    return SearchEnv(questions, corpus=corpus, max_steps=4)
+
+
+def exit_code(argv: list[str]) -> int:
+    """``deltattg ARGV``'s exit status (usage errors leave through ``SystemExit``, bad files return 2)."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+def play(env: SearchEnv, task_id: str, actions: list[str]):
+    env.reset(next(t for t in env.tasks("train") if t.id == task_id))
+    return [env.step(action) for action in actions]
+
+
+# ---- answers --------------------------------------------------------------------------------------------------------
+
+def test_answers_are_judged_after_squad_normalisation():
+    assert normalize_answer("The  Marion, South-Australia!") == "marion southaustralia"
+    assert exact_match("the Marion", ["Marion, South Australia", "Marion"])
+    assert not exact_match("Marion South", ["Marion, South Australia", "Marion"])
+    # F1 by hand: "marion south" vs "marion south australia": p = 2/2, r = 2/3 -> 0.8
+    assert f1_score("Marion South", ["Marion, South Australia"]) == pytest.approx(0.8)
+    assert f1_score("", ["x"]) == 0.0
+    assert mentions("He was born in Marion, South Australia.", ["Marion, South Australia"])
+    assert not mentions("Marionette theatre", ["Marion"])  # a word, not a substring
+
+
+# ---- actions -------------------------------------------------------------------------------------------------------
+
+def test_actions_in_search_r1_text_and_tool_call_forms():
+    assert parse_search_action("<think>hm</think><search> who wrote Hamlet </search>").queries == ("who wrote Hamlet",)
+    assert parse_search_action("<answer> Shakespeare </answer> <search>x</search>").answer == "Shakespeare"
+    call = '<tool_call>{"name": "search", "arguments": {"query_list": ["a", "b"]}}</tool_call>'
+    assert parse_search_action("Let me look. " + call).queries == ("a", "b")
+    assert parse_search_action('{"name": "search", "arguments": "{\\"query\\": \\"c\\"}"}').queries == ("c",)
+    assert parse_search_action('{"name": "answer", "arguments": {"answer": "1835"}}').answer == "1835"
+    assert parse_search_action("I think it is Marion.").kind == "invalid"
+    for reply, why in [("<tool_call>{not json</tool_call>", "malformed tool call"),
+                       ('{"name": "lookup", "arguments": {}}', "unknown tool 'lookup'"),
+                       ('{"name": "search", "arguments": {"query_list": []}}', "query_list"),
+                       ("<search>  </search>", "empty <search>")]:  # fmt: skip
+        action = parse_search_action(reply)
+        assert action.kind == "invalid" and why in action.error, reply
+
+
+def test_an_episode_searches_reads_passages_and_is_judged_by_exact_match(env):
+    search, answer = play(env, "menzies", ["<search> boarding school Robert Menzies </search>", "<answer> Marion </answer>"])
+    assert search.observation.startswith("<information>Doc 1(Title: Westminster School, Adelaide) Westminster")
+    assert search.info["verified"] and search.info["passages"][0] == "p1" and not search.done
+    assert answer.done and answer.reward == 1.0 and answer.won and answer.info["f1"] == 1.0
+    [wrong] = play(env, "hamlet", ["<answer> Christopher Marlowe </answer>"])
+    assert wrong.done and wrong.reward == 0.0 and not wrong.won and wrong.info["em"] is False
+
+
+def test_invalid_steps_and_the_turn_limit(env):
+    steps = play(env, "hamlet", ["I do not know.", '{"name": "lookup", "arguments": {}}', "<search> zzz </search>",
+                                 "<search> Hamlet </search>"])  # fmt: skip
+    assert steps[0].observation == INVALID and steps[0].info["verified"] is False
+    assert "unknown tool 'lookup'" in steps[1].observation
+    assert steps[2].observation == "<information>No results.</information>" and steps[2].info["verified"] is False
+    assert [s.done for s in steps] == [False, False, False, True]
+    assert steps[-1].info["truncated"] and steps[-1].reward == 0.0
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step("<answer> x </answer>")
+
+
+# ---- expert and mistakes ---------------------------------------------------------------------------------------
+
+def test_the_expert_searches_until_the_evidence_holds_the_answer_then_answers(env):
+    assert isinstance(env, HasExpert) and isinstance(env, HasMistakes)
+    env.reset(next(t for t in env.tasks("train") if t.id == "menzies"))
+    assert env.expert_action() == "<search> boarding school Robert Menzies </search>"  # the known query first
+    env.step(env.expert_action())
+    assert env.expert_action() == "<answer> Marion, South Australia </answer>"  # p1 names Marion, South Australia
+    assert env.step(env.expert_action()).won
+    env.reset(next(t for t in env.tasks("train") if t.id == "hamlet"))  # no known queries: the question itself
+    assert env.expert_action() == "<search> Who wrote the tragedy Hamlet? </search>"
+
+
+def test_mistakes_are_off_topic_queries_or_wrong_answers(env):
+    rng = random.Random(0)
+    env.reset(next(t for t in env.tasks("train") if t.id == "menzies"))
+    env.step("<search> boarding school Robert Menzies </search>")
+    seen = {env.mistaken_action(rng) for _ in range(40)}
+    others = {t.data["question"] for t in env.tasks("train") if t.id != "menzies"}
+    assert {f"<search> {q} </search>" for q in others} <= seen
+    answers = {s for s in seen if s.startswith("<answer>")}
+    assert answers and all(not exact_match(s[8:-9], ["Marion, South Australia", "Marion"]) for s in answers)
+
+
+def test_snapshot_and_restore_branch_an_episode(env):
+    env.reset(env.tasks("train")[0])
+    env.step("<search> boarding school Robert Menzies </search>")
+    state = env.snapshot()
+    assert env.step("<answer> Melbourne </answer>").reward == 0.0
+    env.restore(state)
+    assert env.step(env.expert_action()).won
+
+
+# ---- files ---------------------------------------------------------------------------------------------------------
+
+def test_question_files_in_every_answer_layout_and_parquet(files, tmp_path):
+    questions, _ = files
+    tasks = read_questions(questions / "train.jsonl", "train")
+    assert [t.data["answers"] for t in tasks] == [["Marion, South Australia", "Marion"], ["William Shakespeare"],
+                                                  ["30 August 1835"]]  # fmt: skip
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [{"question": q["question"], "golden_answers": [q.get("golden_answers", "x")] if isinstance(
+        q.get("golden_answers"), str) else q.get("golden_answers", ["x"])} for q in QUESTIONS]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dev.parquet")
+    parquet = read_questions(tmp_path / "dev.parquet", "dev")
+    assert [t.id for t in parquet] == ["dev-0", "dev-1", "dev-2"]
+    assert parquet[0].data["answers"] == ["Marion, South Australia", "Marion"]
+
+
+@pytest.mark.parametrize("row, where", [
+    ({"golden_answers": ["x"]}, "question"),
+    ({"question": "q?", "golden_answers": []}, "golden_answers"),
+    ({"question": "q?", "ground_truth": {"target": [1]}}, "ground_truth.target"),
+    ({"question": "q?"}, "no golden answers"),
+    ({"question": "q?", "golden_answers": "x", "queries": "ok", "id": [1]}, "id"),
+])  # fmt: skip
+def test_bad_question_records_name_file_line_and_field(tmp_path, row, where):
+    path = write_jsonl(tmp_path / "train.jsonl", [QUESTIONS[1], row])
+    with pytest.raises(InputError, match=rf"train.jsonl:2: .*{where}"):
+        read_questions(path, "train")
+
+
+def test_bad_corpus_lines_and_duplicates_are_refused(tmp_path):
+    with pytest.raises(InputError, match=r"c.jsonl:2: contents"):
+        read_corpus(write_jsonl(tmp_path / "c.jsonl", [CORPUS[0], {"id": "x"}]))
+    with pytest.raises(InputError, match=r"c.jsonl:2: id: duplicate passage id 'p1'"):
+        read_corpus(write_jsonl(tmp_path / "c.jsonl", [CORPUS[0], CORPUS[0]]))
+    with pytest.raises(InputError, match=r"d.jsonl:2: id: duplicate id 'hamlet'"):
+        read_questions(write_jsonl(tmp_path / "d.jsonl", [QUESTIONS[1], QUESTIONS[1]]), "d")
+
+
+def test_the_command_line_refuses_missing_or_bad_files_with_exit_2(files, tmp_path, capsys):
+    questions, corpus = files
+    out = str(tmp_path / "pool.jsonl")
+    bad = write_jsonl(tmp_path / "bad.jsonl", [CORPUS[0], {"id": 3, "contents": ""}])
+    cases = [
+        (["--data", str(questions)], "exactly one of corpus"),
+        (["--data", str(questions), "--corpus", str(tmp_path / "none.jsonl")], "none.jsonl: cannot"),
+        (["--data", str(questions), "--corpus", bad], "bad.jsonl:2: contents"),
+        (["--data", str(tmp_path / "nothing"), "--corpus", corpus], "no such question file"),
+        (["--data", str(questions), "--corpus", corpus, "--split", "dev"], "no split 'dev'"),
+    ]
+    for extra, message in cases:
+        code = exit_code(["collect", "--env", "search", *extra, "--policy", "expert", "--episodes", "2", "--out", out,
+                     "--no-progress"])  # fmt: skip
+        assert code == 2 and message in capsys.readouterr().err, extra
+        assert not (tmp_path / "pool.jsonl").exists()
+    assert exit_code(["collect", "--env", "household", "--short", "--corpus", corpus, "--policy", "expert",
+                      "--episodes", "1", "--out", out, "--no-progress"]) == 2  # fmt: skip
+    assert "only for --env search" in capsys.readouterr().err
+
+
+def test_collect_and_rebuild_from_the_recorded_description(files, tmp_path):
+    questions, corpus = files
+    out = tmp_path / "pool.jsonl"
+    assert main(["collect", "--env", "search", "--data", str(questions), "--corpus", corpus, "--policy", "expert",
+                 "--policy", "random", "--episodes", "3", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    experts = [r for r in records if r["policy"] == "expert-eps0"]
+    assert len(experts) == 3 and all(r["success"] for r in experts)
+    env = SearchEnv(questions, corpus=corpus)
+    assert isinstance(env, Describable)
+    again = rebuild(json.loads(json.dumps(env.describe())))()
+    assert again.describe() == env.describe() and [t.id for t in again.tasks("test")] == ["hamlet", "melbourne"]
+    assert env_factory("search", data=str(questions), corpus=corpus, topk=1)().topk == 1
+    with pytest.raises(ValueError, match="takes the options corpus"):
+        env_factory("search", data=str(questions), corpus=corpus, domain="x")
+
+
+# ---- retrieval over HTTP -----------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def server(files):
+    _, corpus = files
+    index = BM25Index(read_corpus(corpus))
+    httpd = make_server(index, "127.0.0.1", 0)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield index, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def post(url: str, body: bytes) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url + "/retrieve", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_server_speaks_search_r1s_protocol_and_the_client_reads_it(server):
+    index, url = server
+    status, answer = post(url, json.dumps({"queries": ["Hamlet tragedy", "Melbourne founded"], "topk": 2,
+                                           "return_scores": True}).encode())  # fmt: skip
+    assert status == 200 and answer["result"][0][0]["document"] == CORPUS[3] and answer["result"][0][0]["score"] > 0
+    _, plain = post(url, json.dumps({"queries": ["Hamlet"]}).encode())
+    assert plain["result"][0][0] == CORPUS[3]  # without return_scores: the documents themselves
+    queries = ["boarding school Menzies", "Hamlet", "founded 1838", "zzz"]
+    assert RetrievalClient(url).search(queries, 3) == index.search(queries, 3)
+    for body, status_code in [(b"{not json", 400), (b'{"queries": "x"}', 400), (b'{"queries": ["x"], "topk": 0}', 400),
+                              (json.dumps({"queries": ["x"] * 300}).encode(), 400)]:  # fmt: skip
+        code, error = post(url, body)
+        assert code == status_code and "error" in error
+
+
+def test_a_dead_server_is_a_failed_step_not_an_exception(files):
+    questions, _ = files
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = SearchEnv(questions, retriever=f"http://127.0.0.1:{port}", retriever_timeout=2)
+    env.reset(env.tasks("train")[0])
+    result = env.step("<search> anything </search>")
+    assert not result.done and result.info["verified"] is False
+    assert result.observation.startswith("Search failed: no answer from") and "refused" in result.observation
+
+
+def test_a_hanging_or_misbehaving_server_costs_one_deadline(files):
+    questions, _ = files
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections, never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        env = SearchEnv(questions, retriever=url, retriever_timeout=1.5)
+        env.reset(env.tasks("train")[0])
+        started = time.monotonic()
+        result = env.step("<search> anything </search>")
+        assert time.monotonic() - started < 5
+        assert "within the 1.5 s deadline" in result.observation and not result.done
+    finally:
+        listener.close()
+
+
+def test_a_wrong_answer_shape_is_a_failed_search(files):
+    questions, _ = files
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Wrong(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"result": [[{"document": {"id": 1}}]]}).encode()  # no contents
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Wrong)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        env = SearchEnv(questions, retriever=f"http://127.0.0.1:{httpd.server_address[1]}/retrieve")
+        env.reset(env.tasks("train")[0])
+        result = env.step("<search> anything </search>")
+        assert result.observation.startswith("Search failed: not a /retrieve answer")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# ---- the closed set from AgentProcessBench ------------------------------------------------------------------------
+
+def test_the_closed_set_from_recorded_trajectories_keeps_only_answerable_questions(hotpotqa_path, tmp_path):
+    assert main(["search-data", str(hotpotqa_path), "--out", str(tmp_path / "sq")]) == 0
+    env = SearchEnv(tmp_path / "sq", corpus=tmp_path / "sq" / "corpus.jsonl")
+    tasks = [*env.tasks("train"), *env.tasks("test")]
+    assert len(tasks) >= 30 and len(env.tasks("test")) >= 5
+    passages = {p.id: p for p in read_corpus(tmp_path / "sq" / "corpus.jsonl")}
+    assert len(passages) > 1000
+    evidence = 0
+    for task in tasks:  # every kept answer is in the corpus; the expert wins every task, mostly from evidence
+        assert any(mentions(p.contents, task.data["answers"]) for p in passages.values())
+        env.reset(task)
+        while not (result := env.step(env.expert_action())).done:
+            pass
+        assert result.won
+        evidence += any(mentions(p.contents, task.data["answers"]) for p in env.snapshot().seen)
+    assert evidence / len(tasks) >= 0.8
