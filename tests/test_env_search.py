@@ -89,6 +89,7 @@ def test_answers_are_judged_after_squad_normalisation():
 def test_actions_in_search_r1_text_and_tool_call_forms():
     assert parse_search_action("<think>hm</think><search> who wrote Hamlet </search>").queries == ("who wrote Hamlet",)
     assert parse_search_action("<answer> Shakespeare </answer> <search>x</search>").answer == "Shakespeare"
+    assert parse_search_action("< search > Hamlet < / search >").queries == ("Hamlet",)  # a word-level decoder's
     call = '<tool_call>{"name": "search", "arguments": {"query_list": ["a", "b"]}}</tool_call>'
     assert parse_search_action("Let me look. " + call).queries == ("a", "b")
     assert parse_search_action('{"name": "search", "arguments": "{\\"query\\": \\"c\\"}"}').queries == ("c",)
@@ -336,7 +337,7 @@ def test_a_wrong_answer_shape_is_a_failed_search(files):
 
 def test_the_closed_set_from_recorded_trajectories_keeps_only_answerable_questions(hotpotqa_path, tmp_path):
     assert main(["search-data", str(hotpotqa_path), "--out", str(tmp_path / "sq")]) == 0
-    env = SearchEnv(tmp_path / "sq", corpus=tmp_path / "sq" / "corpus.jsonl")
+    env = SearchEnv(tmp_path / "sq" / "questions", corpus=tmp_path / "sq" / "corpus.jsonl")
     tasks = [*env.tasks("train"), *env.tasks("test")]
     assert len(tasks) >= 30 and len(env.tasks("test")) >= 5
     passages = {p.id: p for p in read_corpus(tmp_path / "sq" / "corpus.jsonl")}

@@ -456,3 +456,31 @@ def test_the_launch_recipe_composes_with_verls_config(method, setting, tmp_path)
         assert settings.meter.endswith(":8100/v1") and config.trainer.n_gpus_per_node == 7
     else:
         assert settings.meter is None and config.trainer.n_gpus_per_node == 8
+
+
+def test_a_search_task_reaches_the_agent_loop_and_is_judged_there(tmp_path):
+    """The search environment on verl: its verl-tasks row rebuilds the environment (questions and corpus by
+    absolute path) in the agent loop, which plays scripted replies against the local BM25 corpus."""
+    pytest.importorskip("bm25s")
+    from deltattg.envs.search import SearchEnv
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in [
+        {"id": "p1", "contents": "Hamlet\nHamlet is a tragedy written by William Shakespeare."},
+        {"id": "p2", "contents": "Melbourne\nMelbourne was founded in 1835."}]))  # fmt: skip
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "train.jsonl").write_text(json.dumps({"question": "Who wrote Hamlet?",
+                                                            "golden_answers": ["William Shakespeare"]}) + "\n")
+    out = tmp_path / "search.parquet"
+    assert main(["verl-tasks", "--env", "search", "--data", str(tmp_path / "q"), "--corpus", str(corpus),
+                 "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    env = SearchEnv(tmp_path / "q", corpus=corpus)
+    words = tiny_tokenizer(env, PromptConfig(), MAX_TURNS)
+    dataset = RLHFDataset(str(out), words, OmegaConf.create({"cache_dir": str(tmp_path / "cache"),
+                                                             "max_prompt_length": 4096}))  # fmt: skip
+    task = env.tasks("train")[0]
+    actions = ["<search> Hamlet tragedy </search>", "<answer> William Shakespeare </answer>"]
+    outputs = play(ReplayServer(words, actions), words, task, 0, extra_info=dataset[0]["extra_info"])
+    record = parse_trajectory(outputs[-1].extra_fields[TRAJECTORY_FIELD])
+    assert record.success and record.reward == 1.0 and len(outputs) == 2
+    assert any("Doc 1(Title: Hamlet) Hamlet is a tragedy" in m["content"] for m in record.messages if m["role"] == "user")

@@ -11,14 +11,15 @@ from deltattg.command import UsageError, number
 
 
 def cmd_search_data(args: argparse.Namespace) -> int:
-    """Write a closed search-QA set (corpus.jsonl, train.jsonl, test.jsonl) built from recorded trajectories."""
+    """Write a closed search-QA set (corpus.jsonl, questions/train.jsonl, questions/test.jsonl) built from recorded
+    trajectories."""
     from pathlib import Path
 
     from deltattg.envs.search.closed_corpus import closed_set, write_closed_set
 
     check_out(args.out, folder=True)
-    for name in ("corpus", "train", "test"):
-        check_out(str(Path(args.out) / f"{name}.jsonl"), args.trajectories)
+    for name in ("corpus.jsonl", "questions/train.jsonl", "questions/test.jsonl"):
+        check_out(str(Path(args.out) / name), args.trajectories)
     closed = closed_set(args.trajectories, test_share=args.test_share)
     if not any(closed.splits.values()):
         raise UsageError(f"{args.trajectories}: no question has its golden answer in a recorded passage")
@@ -60,9 +61,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "first). Input: AgentProcessBench-style JSONL (question, ground_truth.target, messages with search calls).",
     )
     data.add_argument("trajectories", help="recorded trajectories (e.g. AgentProcessBench hotpotqa.jsonl)")
-    data.add_argument("--out", required=True, help="folder for corpus.jsonl, train.jsonl and test.jsonl")
+    data.add_argument("--out", required=True, help="folder for corpus.jsonl and questions/{train,test}.jsonl (the "
+                      "search environment's --corpus and --data)")
     data.add_argument("--test-share", type=number(float, low=0, high=1), default=0.25,
-                      help="share of the questions in test.jsonl (by a hash of the question), default %(default)s")
+                      help="share of the questions in questions/test.jsonl (by a hash of the question), default %(default)s")
     data.set_defaults(func=cmd_search_data)
 
     serve = sub.add_parser(

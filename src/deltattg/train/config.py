@@ -180,11 +180,12 @@ class TrainConfig:
 
 
 def _table4(
-    *, env: str, batch: int, group: int, turns: int, tokens: int, kl: float, entropy: float, cost: float
+    *, env: str, batch: int, group: int, turns: int, tokens: int, kl: float, entropy: float, cost: float,
+    eval_split: str = "valid_seen",
 ) -> dict:
     return {
         "actor": {"model": "Qwen/Qwen3-4B", "dtype": "float32"},  # fp32 weights: bf16 loses lr-1e-6 AdamW updates
-        "env": {"name": env, "eval_split": "valid_seen"},
+        "env": {"name": env, "eval_split": eval_split},
         "rollout": {"batch_size": batch, "group_size": group, "max_turns": turns, "max_new_tokens": tokens,
                     "temperature": 1.0, "top_p": 1.0},
         "algo": {"method": "deltattg"},
@@ -200,7 +201,7 @@ PRESETS: dict[str, dict] = {
     # Table 4, Qwen3-4B column.
     "alfworld": _table4(env="alfworld", batch=16, group=8, turns=50, tokens=1024, kl=0.01, entropy=0.001, cost=16384),
     "papersearchqa": _table4(
-        env="papersearchqa", batch=512, group=5, turns=6, tokens=1024, kl=0.001, entropy=0.0, cost=6144
+        env="search", batch=512, group=5, turns=6, tokens=1024, kl=0.001, entropy=0.0, cost=6144, eval_split="test"
     ),
     "awm": _table4(env="awm", batch=16, group=16, turns=20, tokens=2048, kl=0.001, entropy=0.0, cost=16384),
     # CPU: a 0.66 M-parameter word-level Llama on the short household tasks (GRPO until a meter is given); C bounds
@@ -497,14 +498,18 @@ def _absolute_path(path: str) -> str:
 
 
 def with_absolute_paths(config: TrainConfig) -> TrainConfig:
-    """``config`` with its local paths (``actor.model``, each part of ``meter.path``, ``env.data_dir``, ``run.out``)
-    absolute, so the ``config.yaml`` a run saves resumes from any working folder."""
+    """``config`` with its local paths (``actor.model``, each part of ``meter.path``, ``env.data_dir``, the search
+    environment's ``env.options.corpus``, ``run.out``) absolute, so the ``config.yaml`` a run saves resumes from any
+    working folder."""
     meter = config.meter.path
     if meter is not None:
         meter = ",".join(_absolute(part) if part else part for part in meter.split(","))
     data_dir = config.env.data_dir
+    options = dict(config.env.options)
+    if isinstance(options.get("corpus"), str):
+        options["corpus"] = _absolute_path(options["corpus"])
     return with_changes(config, actor={"model": _absolute(config.actor.model)}, meter={"path": meter},
-                        env={"data_dir": data_dir and _absolute_path(data_dir)},
+                        env={"data_dir": data_dir and _absolute_path(data_dir), "options": options},
                         run={"out": _absolute_path(config.run.out)})
 
 

@@ -3,8 +3,8 @@ recorded searches returned becomes the corpus, and each question whose golden an
 becomes a task, its queries those of a successful recorded trajectory (else of any). Small enough for CPU tests and
 recipes, and built from the user's copy of the data at run time (``deltattg search-data``), never shipped.
 
-    corpus.jsonl        {"id", "contents"} per passage (Search-R1's layout)
-    train.jsonl, test.jsonl   {"id", "question", "golden_answers", "queries"} per question
+    corpus.jsonl                                {"id", "contents"} per passage (Search-R1's layout)
+    questions/train.jsonl, questions/test.jsonl {"id", "question", "golden_answers", "queries"} per question
 
 Splits: a fixed share of the questions (``test_share``) goes to ``test`` by a hash of the question text, so the split
 does not depend on the file's order. (AgentProcessBench's own ``split.json`` splits trajectories, not questions.)
@@ -104,6 +104,9 @@ def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> Clo
 
 
 def write_closed_set(closed: ClosedSet, out: str | os.PathLike) -> dict[str, int]:
-    """Write ``corpus.jsonl`` and one file per split into ``out`` (each whole or not at all); the counts written."""
-    return {name: write_jsonl(Path(out) / f"{name}.jsonl", rows)
-            for name, rows in [("corpus", closed.corpus), *closed.splits.items()]}
+    """Write ``corpus.jsonl`` and ``questions/SPLIT.jsonl`` into ``out`` (each whole or not at all); the counts
+    written."""
+    counts = {"corpus": write_jsonl(Path(out) / "corpus.jsonl", closed.corpus)}
+    counts.update({name: write_jsonl(Path(out) / "questions" / f"{name}.jsonl", rows)
+                   for name, rows in closed.splits.items()})
+    return counts

@@ -41,7 +41,7 @@ from typing import Any
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.search.answers import exact_match, f1_score, mentions
 from deltattg.envs.search.data import Passage, passages_text, question_files, read_questions
-from deltattg.envs.search.retrieval import RetrievalClient, RetrievalError, Retriever, bm25_index
+from deltattg.envs.search.retrieval import BM25Index, RetrievalClient, RetrievalError, Retriever, bm25_index
 from deltattg.envs.tool_calls import Malformed, parse_tool_calls
 
 MAX_STEPS = 6  # Table 4's PaperSearchQA turn limit
@@ -61,7 +61,7 @@ INVALID = ("My previous action is invalid. If I want to search, I should put the
            "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
            "Let me try again.")  # Search-R1's observation for an invalid action
 
-_TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
+_TAG = re.compile(r"<\s*(search|answer)\s*>(.*?)<\s*/\s*\1\s*>", re.S)  # "< search >": word-level decoders
 _TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.S)
 
 TOOL_SCHEMAS = [
@@ -248,6 +248,20 @@ class SearchEnv:
 
     def plain_replies(self) -> list[str]:
         return []
+
+    def vocabulary(self) -> list[str]:
+        """Every word the environment's text can contain: the prompt, the messages, every question, answer and
+        passage (what ``actor.model=tiny`` builds its word-level tokenizer from); a local corpus only."""
+        from deltattg.envs.household.catalog import split_words
+
+        if not isinstance(self._retriever, BM25Index):
+            raise ValueError("the search environment lists its vocabulary only over a local corpus (corpus=...)")
+        texts = [SYSTEM_PROMPT, INVALID, "Question: <information> </information> Doc 1(Title: ) --- No results. "
+                 "Search failed: <answer> </answer> <search> </search>", *map(str, range(MAX_QUERIES + 1))]
+        texts += [p.contents for p in self._retriever.passages]
+        texts += [text for split in self._files for task in self.tasks(split)
+                  for text in [task.data["question"], *task.data["answers"], *task.data["queries"]]]
+        return sorted({word for text in texts for word in split_words(text)})
 
     def _live(self) -> _State:
         if self._state.task is None:
