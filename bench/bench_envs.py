@@ -1,8 +1,9 @@
 """Environment steps per second: one function per environment; ``main`` runs those whose extras are installed.
 
-    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|alfworld|bfcl]
+    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|search|alfworld|bfcl]
 
-ALFWorld reads its game files from ``$ALFWORLD_DATA`` (the ``json_2.1.1`` layout) and is skipped without them.
+ALFWorld reads its game files from ``$ALFWORLD_DATA`` (the ``json_2.1.1`` layout) and is skipped without them; search
+reads ``$SEARCH_DATA``, a folder ``deltattg search-data`` wrote (``corpus.jsonl``, ``questions/``).
 
 Each function plays episodes with simple policies and returns one ``Row`` per policy. Step times cover ``step`` calls
 and the policy's own choice (the planner's, for the expert); resets are timed apart. Wall-clock and CPU time are both
@@ -76,6 +77,38 @@ def bench_household(episodes: int = 300, seed: int = 0) -> list[Row]:
     ]
 
 
+def bench_search(episodes: int = 200) -> list[Row]:
+    """The search environment on ``$SEARCH_DATA`` (every question of every split, repeated up to ``episodes``): the
+    expert with the local BM25 index, then the same through ``deltattg serve-retriever``'s server on loopback (HTTP,
+    JSON, one connection per search); a step is mostly one retrieval of top-3 passages."""
+    import itertools
+    import os
+    import threading
+
+    from deltattg.envs.search import SearchEnv
+    from deltattg.envs.search.retrieval import bm25_index, make_server
+
+    folder = os.environ.get("SEARCH_DATA")
+    if not folder:
+        raise FileNotFoundError("set $SEARCH_DATA to a folder `deltattg search-data` wrote")
+    corpus, questions = os.path.join(folder, "corpus.jsonl"), os.path.join(folder, "questions")
+    local = SearchEnv(questions, corpus=corpus)
+    tasks = [t for split in ("train", "test") for t in local.tasks(split)]
+    tasks = list(itertools.islice(itertools.cycle(tasks), episodes))
+    server = make_server(bm25_index(corpus), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = SearchEnv(questions, retriever=f"http://127.0.0.1:{server.server_address[1]}")
+        rows = [_play(local, tasks, local.expert_action, "search", "expert, local BM25"),
+                _play(remote, tasks, remote.expert_action, "search", "expert, retrieval server")]
+    finally:
+        server.shutdown()
+        server.server_close()
+    print(f"search: a step through the server takes {rows[1].seconds / rows[1].steps / (rows[0].seconds / rows[0].steps):.2f}"
+          "x the local index's time")
+    return rows
+
+
 def bench_alfworld(episodes: int = 4, seed: int = 0) -> list[Row]:
     """Real ALFWorld text games (``$ALFWORLD_DATA``, valid_seen; ``episodes`` games drawn with ``seed``): a random
     admissible policy (up to 50 steps) and the expert, which follows the walkthrough from the start (no planning).
@@ -103,6 +136,7 @@ def bench_bfcl(episodes: int = 200) -> list[Row]:
 # name -> (benchmark, modules its optional extra provides)
 BENCHMARKS: dict[str, tuple[Callable[..., list[Row]], tuple[str, ...]]] = {
     "household": (bench_household, ()),
+    "search": (bench_search, ("bm25s",)),
     "alfworld": (bench_alfworld, ("alfworld", "textworld")),
     "bfcl": (bench_bfcl, ("bfcl_eval",)),
 }

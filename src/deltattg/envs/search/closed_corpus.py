@@ -4,7 +4,7 @@ becomes a task, its queries those of a successful recorded trajectory (else of a
 recipes, and built from the user's copy of the data at run time (``deltattg search-data``), never shipped.
 
     corpus.jsonl                                {"id", "contents"} per passage (Search-R1's layout)
-    questions/train.jsonl, questions/test.jsonl {"id", "question", "golden_answers", "queries"} per question
+    questions/train.jsonl, questions/test.jsonl {"id", "question", "golden_answers", "queries", "data_source"}
 
 Splits: a fixed share of the questions (``test_share``) goes to ``test`` by a hash of the question text, so the split
 does not depend on the file's order. (AgentProcessBench's own ``split.json`` splits trajectories, not questions.)
@@ -74,6 +74,7 @@ def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> Clo
     found: dict[str, set[str]] = defaultdict(set)
     answers: dict[str, list[str]] = {}
     queries: dict[str, list[str]] = {}
+    sources: dict[str, str] = {}
     for line, record in read_jsonl(trajectories):
         question, truth = record.get("question"), (record.get("ground_truth") or {}).get("target")
         if not isinstance(question, str) or not isinstance(truth, (list, str)) or not isinstance(record.get("messages"), list):
@@ -81,6 +82,7 @@ def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> Clo
                              path=str(trajectories), line=line)
         golden = [truth] if isinstance(truth, str) else [str(t) for t in truth]
         answers.setdefault(question, golden)
+        sources.setdefault(question, str(record.get("data_source") or "recorded"))
         asked = []
         for message in record["messages"]:
             if message.get("role") == "tool":
@@ -98,7 +100,8 @@ def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> Clo
         if not any(mentions(corpus[i], golden) for i in found[question]):
             dropped += 1
             continue
-        row = {"id": f"q{index}", "question": question, "golden_answers": golden, "queries": queries.get(question, [])}
+        row = {"id": f"q{index}", "question": question, "golden_answers": golden, "queries": queries.get(question, []),
+               "data_source": sources[question]}
         splits[_split_of(question, test_share)].append(row)
     return ClosedSet([{"id": i, "contents": c} for i, c in corpus.items()], splits, dropped)
 

@@ -3,8 +3,8 @@
 **Questions**: JSONL or Parquet, one question a record, as Search-R1 / FlashRAG and verl's search recipes write them:
 ``question`` (a string) and the golden answers under ``golden_answers``, ``ground_truth.target`` (AgentProcessBench) or
 ``reward_model.ground_truth.target`` (verl's parquet rows), a string or a list of strings. Optional: ``id`` (the
-task id; else ``SPLIT-N``, N the record's 0-based position) and ``queries``, a list of search queries known to find
-the evidence (what the expert tries first). A folder of such files has one split per file, named by the file's stem
+task id; else ``SPLIT-N``, N the record's 0-based position), ``queries``, a list of search queries known to find
+the evidence (what the expert tries first), and ``data_source`` (what ``evaluate`` breaks results down by). A folder of such files has one split per file, named by the file's stem
 (``train.jsonl`` → ``train``).
 
 **Corpus**: JSONL, one passage a line, ``{"id": ..., "contents": "Title\\ntext"}`` (Search-R1's ``wiki-18.jsonl``
@@ -108,8 +108,10 @@ def question_task(record: dict[str, Any], split: str, index: int, *, path: str, 
     task_id = record.get("id", f"{split}-{index}")
     if not isinstance(task_id, (str, int)) or isinstance(task_id, bool):
         raise InputError("must be a string or an integer", path=path, line=line, field="id")
+    source = record.get("data_source")
     data = {"question": question.strip(), "answers": _strings(answers, field, path=path, line=line),
-            "queries": [] if queries is None else _strings(queries, "queries", path=path, line=line)}
+            "queries": [] if queries is None else _strings(queries, "queries", path=path, line=line),
+            "source": source if isinstance(source, str) else None}
     return Task(id=str(task_id), split=split, data=data)
 
 
