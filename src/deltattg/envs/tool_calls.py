@@ -22,10 +22,12 @@ class Malformed(ValueError):
 
 def tool_call(value: Any) -> tuple[str, dict[str, Any]]:
     """``(name, arguments)`` of a decoded ``{"name": ..., "arguments": {...}}`` (arguments also as a JSON string, as
-    OpenAI sends them); :class:`Malformed` otherwise."""
+    OpenAI sends them, or omitted / null: none); :class:`Malformed` otherwise."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         raise Malformed('a tool call is a JSON object with a "name" (a string) and "arguments" (an object)')
-    arguments = value.get("arguments", {})
+    arguments = value.get("arguments")
+    if arguments is None:  # omitted, or null as AWM's prompt shows for list_tools
+        arguments = {}
     if isinstance(arguments, str):  # OpenAI-style arguments as a JSON string
         try:
             arguments = json.loads(arguments)

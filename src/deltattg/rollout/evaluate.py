@@ -57,7 +57,7 @@ ALFWORLD_COLUMNS = {
 BFCL_COLUMNS = {"base": "base", "miss_func": "miss_func", "miss_param": "miss_param", "long_context": "long_context"}
 TAU2_COLUMNS = {"retail": "retail", "airline": "airline", "telecom": "telecom"}
 COLUMNS = {"household": ALFWORLD_COLUMNS, "alfworld": ALFWORLD_COLUMNS, "bfcl": BFCL_COLUMNS, "tau2": TAU2_COLUMNS}
-BREAKDOWN = {"bfcl": "category", "tau2": "domain", "search": "source"}
+BREAKDOWN = {"bfcl": "category", "tau2": "domain", "search": "source", "awm": "scenario"}
 
 
 def breakdown_name(env: str) -> str:
@@ -66,11 +66,14 @@ def breakdown_name(env: str) -> str:
 
 def task_type(env: str, task: Task) -> str:
     """What the breakdown groups ``task`` by: its BFCL category (the split it came from), its τ² domain, a search
-    question's source (its file's ``data_source``, else its split), else its task type (household, ALFWorld)."""
+    question's source (its file's ``data_source``, else its split), an AWM task's scenario, else its task type
+    (household, ALFWorld)."""
     if env == "bfcl":
         return task.split
     if env == "search":
         return str(task.data.get("source") or task.split)
+    if env == "awm":
+        return str(task.data.get("scenario", "unknown"))
     if env == "tau2":
         return str(task.data.get("domain", task.split.partition("/")[0]))
     return str(task.data.get("task_type", "unknown"))

@@ -203,7 +203,8 @@ PRESETS: dict[str, dict] = {
     "papersearchqa": _table4(
         env="search", batch=512, group=5, turns=6, tokens=1024, kl=0.001, entropy=0.0, cost=6144, eval_split="test"
     ),
-    "awm": _table4(env="awm", batch=16, group=16, turns=20, tokens=2048, kl=0.001, entropy=0.0, cost=16384),
+    "awm": _table4(env="awm", batch=16, group=16, turns=20, tokens=2048, kl=0.001, entropy=0.0, cost=16384,
+                   eval_split="test"),
     # CPU: a 0.66 M-parameter word-level Llama on the short household tasks (GRPO until a meter is given); C bounds
     # every Token-to-Go (max turns x max tokens per turn = 240 < 256).
     "household-tiny": {

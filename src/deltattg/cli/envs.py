@@ -1,5 +1,6 @@
-"""The search environment's own commands: ``search-data`` (a closed question set and corpus from recorded Search-R1
-trajectories) and ``serve-retriever`` (Search-R1's ``/retrieve`` over a corpus, for ``--retriever`` and verl)."""
+"""The environments' own data and servers: ``search-data`` (a closed question set and corpus from recorded Search-R1
+trajectories), ``serve-retriever`` (Search-R1's ``/retrieve`` over a corpus, for ``--retriever`` and verl) and
+``awm-examples`` (our small AWM scenarios as a release folder)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,17 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_awm_examples(args: argparse.Namespace) -> int:
+    """Write the example AWM scenarios as a release folder (AWM's gen_*.jsonl files and deltattg_gold.jsonl)."""
+    from deltattg.envs.awm.examples import example_names, write_examples
+
+    check_out(args.out, folder=True)
+    counts = write_examples(args.out)
+    print(f"wrote {len(example_names())} AWM scenarios ({counts['gen_verifier.pure_code.jsonl']} tasks) to {args.out}",
+          file=sys.stderr)
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser(
         "search-data",
@@ -80,3 +92,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--topk", type=number(int, low=1, high=100), default=3,
                        help="passages per query when a request gives no topk, default %(default)s")
     serve.set_defaults(func=cmd_serve_retriever)
+
+    awm = sub.add_parser(
+        "awm-examples",
+        help="write our small Agent World Model scenarios as an AWM release folder (for --env awm --data)",
+        description="Each scenario in AWM's released format: database schema and sample SQL, FastAPI code served as "
+        "MCP, tasks and code-mode verifiers; plus deltattg_gold.jsonl, the gold tool calls the expert plays.",
+    )
+    awm.add_argument("--out", required=True, help="folder to write the gen_*.jsonl files into")
+    awm.set_defaults(func=cmd_awm_examples)
