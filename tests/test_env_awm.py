@@ -190,11 +190,13 @@ def test_episodes_are_isolated_and_mistakes_are_plausible(release):
 def test_a_dead_or_hanging_server_is_a_failed_step_that_ends_the_episode(release):
     env = AWMEnv(release, tool_timeout_s=2)
     env.reset(env.tasks("notes")[0])
+    env.step('<tool_call>{"name": "list_tools", "arguments": null}</tool_call>')
     os.killpg(env._server.process.pid, signal.SIGKILL)
     env._server.process.wait()
     dead = env.step(env.expert_action())
     assert dead.done and dead.reward == 0.0 and "server exited" in dead.info["error"]
     env.reset(env.tasks("notes")[0])
+    env.step('<tool_call>{"name": "list_tools", "arguments": null}</tool_call>')
     os.killpg(env._server.process.pid, signal.SIGSTOP)  # alive, never answers
     started = time.monotonic()
     hung = env.step(env.expert_action())
@@ -207,9 +209,10 @@ def test_a_scenario_whose_code_does_not_run_is_a_clear_error(release, tmp_path, 
     folder = copy_release(release, tmp_path)
     rewrite(folder, "gen_envs.jsonl", lambda row: {**row, "full_code": "import no_such_module\n" + row["full_code"]})
     env = AWMEnv(folder)
+    assert env.reset(env.tasks("all")[0]).startswith("Create an event")  # the server starts at the first step
     with pytest.raises(InputError, match=r"gen_envs.jsonl: full_code: scenario event_ticketing: .*exited.*"
                                          r"No module named 'no_such_module'"):
-        env.reset(env.tasks("all")[0])
+        env.step(env.expert_action())
     code = main(["collect", "--env", "awm", "--data", str(folder), "--policy", "expert", "--episodes", "1",
                  "--out", str(tmp_path / "pool.jsonl"), "--no-progress"])  # fmt: skip
     assert code == 2 and "No module named 'no_such_module'" in capsys.readouterr().err

@@ -183,9 +183,10 @@ def called_names(env_name: str, reply: str) -> list[str] | None:
         from deltattg.envs.bfcl import parse_calls
 
         return [call.func.id for call in parse_calls(reply)] or None
-    from deltattg.envs.tau2 import parse_action, requested_user_calls, user_tools
+    from deltattg.envs.tau2 import requested_user_calls, user_tools
+    from deltattg.envs.tool_calls import parse_tool_calls
 
-    return [name for name, _ in parse_action(reply) or requested_user_calls(reply, user_tools("telecom"))] or None
+    return [name for name, _ in parse_tool_calls(reply) or requested_user_calls(reply, user_tools("telecom"))] or None
 
 
 @pytest.mark.parametrize("env_name, split, package", [("bfcl", "base", "bfcl_eval"), ("bfcl", "miss_func", "bfcl_eval"),

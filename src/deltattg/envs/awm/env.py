@@ -18,8 +18,8 @@ code-mode verifier says ``complete`` about the database before and after the epi
 failed step (``Error: ...``), as in AWM.
 
 **Sandbox** (:mod:`deltattg.envs.awm.sandbox`): each episode gets its own copy of the scenario's database (built once
-per scenario and process from the released SQL) and its own server process; the verifier runs in a subprocess with
-a time limit. A server that dies or stops answering is a failed step that ends the episode (reward 0, ``info["error"]``),
+per scenario and process from the released SQL) and its own server process, started at its first step (so ``reset``,
+and ``verl-tasks``, cost no server); the verifier runs in a subprocess with a time limit. A server that dies or stops answering is a failed step that ends the episode (reward 0, ``info["error"]``),
 never a hang: every MCP request has ``tool_timeout_s``.
 
 **Expert and mistakes** (only where ``deltattg_gold.jsonl`` gives a task's gold calls; AWM's release has none): the
@@ -192,18 +192,26 @@ class AWMEnv:
         shutil.copyfile(working, self._folder / "initial.db")
         self._scenario, self._task = scenario, task
         self._made, self._steps, self._done = [], 0, False
-        try:
-            self._server = Server(scenario.code, working, self._folder)
-        except ServerError as error:  # the dataset's code does not run: bad input, named by scenario
-            raise InputError(f"scenario {scenario.name}: {error}", path=str(Path(self.release.folder) / FILES["envs"]),
-                             field="full_code") from None
-        self._client = MCPClient(self._server.url, timeout_s=self.tool_timeout_s)
-        self._tools = self._client.list_tools()
+        self._server, self._client, self._tools = None, None, []  # started at the first step (reset stays cheap)
         return task.data["task"]
 
-    def step(self, action: str) -> StepResult:
+    def _start(self) -> None:
+        """The episode's server and its tool list, once per episode (an ``InputError`` naming the scenario when its
+        code does not run)."""
+        if self._client is not None:
+            return
         if self._task is None or self._done:
             raise RuntimeError("call reset(task) before step()" if self._task is None else "the episode is over")
+        try:
+            self._server = Server(self._scenario.code, self._folder / "final.db", self._folder)
+        except ServerError as error:  # the dataset's code does not run: bad input, named by scenario
+            raise InputError(f"scenario {self._scenario.name}: {error}",
+                             path=str(Path(self.release.folder) / FILES["envs"]), field="full_code") from None
+        self._client = MCPClient(self._server.url, timeout_s=self.tool_timeout_s)
+        self._tools = self._client.list_tools()
+
+    def step(self, action: str) -> StepResult:
+        self._start()
         self._steps += 1
         info: dict[str, Any] = {"admissible": None, "won": False, "truncated": False, "verdict": None}
         try:
@@ -243,6 +251,7 @@ class AWMEnv:
         assert self._scenario is not None and self._task is not None and self._folder is not None
         if self._server is not None:
             self._server.stop()
+        self._client = None
         code = self._scenario.verifiers[self._task.data["task_idx"]]
         verdict = verify(code, self._folder / "initial.db", self._folder / "final.db", answer, self._folder,
                          timeout_s=self.verify_timeout_s)  # fmt: skip
@@ -285,6 +294,7 @@ class AWMEnv:
         return self.call_text(call["tool_name"], call["arguments"]) if call else self._gold()["answer"]
 
     def mistaken_action(self, rng: random.Random) -> str:
+        self._start()
         call = self._next_gold()
         if call is None:
             return GIVE_UP
@@ -301,6 +311,7 @@ class AWMEnv:
         return None if gold is None else "\n".join(self.call_text(c["tool_name"], c["arguments"]) for c in gold["calls"])
 
     def tool_schemas(self) -> list[dict[str, Any]]:
+        self._start()
         return [{"name": t["name"], "parameters": t.get("inputSchema") or {}} for t in self._tools]
 
     def call_text(self, name: str, arguments: dict[str, Any]) -> str:
