@@ -35,7 +35,8 @@ $(VERL_VENV)/.installed: pyproject.toml requirements/verl-runtime.txt
 	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0
 	$(VERL_VENV)/bin/pip install --quiet --no-deps verl==0.9.1
 	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 'ray>=2.41' 'transformers>=5.5.3,<5.11,!=5.6.0' \
-	    'tensordict>=0.8,<=0.10,!=0.9.0' omegaconf codetiming numpy tqdm pyyaml 'bm25s>=0.2'
+	    'tensordict>=0.8,<=0.10,!=0.9.0' omegaconf codetiming numpy tqdm pyyaml 'bm25s>=0.2' \
+	    'mcp>=1.12,<2' 'fastapi-mcp==0.4.0' 'fastapi>=0.115' 'sqlalchemy>=2.0.41' 'uvicorn>=0.30'
 	$(VERL_VENV)/bin/pip install --quiet --no-deps -r requirements/verl-runtime.txt
 	$(VERL_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@

@@ -1,5 +1,5 @@
 """Tiny actors and meters for CPU runs and tests: a word-level tokenizer with a ChatML template, built offline from
-a vocabulary, and small randomly initialised Llama-architecture models."""
+a vocabulary, a byte-level one for any text, and small randomly initialised Llama-architecture models."""
 
 from __future__ import annotations
 
@@ -27,6 +27,23 @@ def word_tokenizer(words: Iterable[str]) -> Any:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    fast.chat_template = CHATML
+    return fast
+
+
+def byte_tokenizer() -> Any:
+    """A byte-level HF tokenizer (one token per byte, GPT-2's byte alphabet, no merges) with a ChatML template: any
+    text round-trips exactly, for environments whose text has no closed vocabulary (JSON tool calls, AWM)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *sorted(alphabet)])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>")
     fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     fast.chat_template = CHATML

@@ -87,11 +87,12 @@ def dataset_extra_info(task) -> dict:
     return dataset_rows(task.split)[task.id]
 
 
-def play(server, tokenizer, task, session: int, extra_info: dict | None = None, **options):
+def play(server, tokenizer, task, session: int, extra_info: dict | None = None, response_length: int = 16,
+         **options):
     """One episode of ``EnvAgentLoop`` (built inside the event loop, as verl's worker builds it)."""
 
     async def run():
-        config = loop_config()
+        config = loop_config(response_length=response_length)
         loop = EnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
                             max_turns=MAX_TURNS, **options)  # fmt: skip
@@ -484,3 +485,33 @@ def test_a_search_task_reaches_the_agent_loop_and_is_judged_there(tmp_path):
     record = parse_trajectory(outputs[-1].extra_fields[TRAJECTORY_FIELD])
     assert record.success and record.reward == 1.0 and len(outputs) == 2
     assert any("Doc 1(Title: Hamlet) Hamlet is a tragedy" in m["content"] for m in record.messages if m["role"] == "user")
+
+
+def test_an_awm_task_reaches_the_agent_loop_and_its_verifier_decides(tmp_path):
+    """The AWM environment on verl: a verl-tasks row rebuilds it in the agent loop, which starts the scenario's MCP
+    server, plays the gold calls (a byte-level tokenizer: JSON round-trips) and gets the verifier's verdict."""
+    pytest.importorskip("fastapi_mcp")
+    from deltattg.envs.awm import AWMEnv
+    from deltattg.envs.awm.examples import write_examples
+    from deltattg.tiny import byte_tokenizer
+
+    write_examples(tmp_path / "awm")
+    out = tmp_path / "awm.parquet"
+    assert main(["verl-tasks", "--env", "awm", "--data", str(tmp_path / "awm"), "--split", "notes", "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    tokenizer = byte_tokenizer()
+    dataset = RLHFDataset(str(out), tokenizer, OmegaConf.create({"cache_dir": str(tmp_path / "cache"),
+                                                                 "max_prompt_length": 8192}))  # fmt: skip
+    env = AWMEnv(tmp_path / "awm")
+    task = env.tasks("notes")[1]  # archive the two drafts: three gold calls, then the answer
+    env.reset(task)
+    actions = []
+    while not (result := env.step(action := env.expert_action())).done:
+        actions.append(action)
+    actions.append(action)
+    env.close()
+    assert result.won
+    outputs = play(ReplayServer(tokenizer, actions), tokenizer, task, 0, extra_info=dataset[1]["extra_info"],
+                   response_length=512)
+    record = parse_trajectory(outputs[-1].extra_fields[TRAJECTORY_FIELD])
+    assert record.group == "notes/1" and record.success and record.reward == 1.0 and len(outputs) == len(actions)

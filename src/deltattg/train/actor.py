@@ -40,10 +40,12 @@ def prompt_words(prompt: PromptConfig, max_turns: int) -> list[str]:
 
 
 def tiny_tokenizer(env: Environment, prompt: PromptConfig, max_turns: int) -> Any:
-    from deltattg.tiny import word_tokenizer
+    """A word-level tokenizer over the environment's vocabulary and the prompt's words, or, for an environment that
+    lists none (AWM, BFCL, τ²: JSON tool calls), a byte-level one."""
+    from deltattg.tiny import byte_tokenizer, word_tokenizer
 
     if not hasattr(env, "vocabulary"):
-        raise ValueError(f"actor.model=tiny needs an environment that lists its vocabulary; {env.name!r} does not")
+        return byte_tokenizer()
     return word_tokenizer([*env.vocabulary(), *prompt_words(prompt, max_turns)])
 
 
