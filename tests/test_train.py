@@ -590,6 +590,11 @@ def test_cli_prints_config_and_reports_bad_settings(capsys):
     with pytest.raises(SystemExit) as exit_info:
         train_main(["--preset", "household-tiny", "--method", "deltattg"])
     assert exit_info.value.code == 2 and "meter.path" in capsys.readouterr().err
+    for preset, env in [("papersearchqa", "search"), ("awm", "awm")]:  # a paper preset prints without a meter
+        assert train_main(["--preset", preset, "--print-config"]) == 0
+        printed = capsys.readouterr()
+        assert f"  name: {env}\n" in printed.out and "eval_split: test" in printed.out
+        assert "give --meter DIR to train" in printed.err
 
 
 def test_tokenizer_missing_prompt_words_is_refused():

@@ -61,8 +61,8 @@ def add_tokenizer(parser: argparse.ArgumentParser) -> None:
 
 SPLITS = ("(household, alfworld: train, valid_seen, valid_unseen; alfworld also valid_train; search: the question "
           "files' stems; awm: train, test, all or a scenario; bfcl: base, miss_func, "
-          "miss_param, long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (bfcl: base; "
-          "tau2: retail)")
+          "miss_param, long_context; tau2: retail, airline, telecom, DOMAIN/test, ...); default train (awm: all; bfcl: "
+          "base; tau2: retail)")
 
 
 def add_environment(parser: argparse.ArgumentParser, *, several_splits: bool = False) -> None:
@@ -76,7 +76,7 @@ def add_environment(parser: argparse.ArgumentParser, *, several_splits: bool = F
     parser.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
     parser.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA); search: a question "
                         "file (JSONL or Parquet) or a folder of them, one split per file; awm: an AWM release folder "
-                        "(its gen_*.jsonl files; `deltattg awm-examples` writes one)")
+                        "(its gen_*.jsonl files; default: our example scenarios, as `deltattg awm-examples` writes them)")
     search = parser.add_argument_group("search environment (one of --corpus and --retriever)")
     search.add_argument("--corpus", help="a passage corpus JSONL ({id, contents}), searched here with BM25")
     search.add_argument("--retriever", metavar="URL", help="a Search-R1 retrieval server (POST URL/retrieve), e.g. "

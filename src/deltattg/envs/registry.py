@@ -9,7 +9,7 @@ from typing import Any
 from deltattg.envs.base import Environment
 
 ENVIRONMENTS = ("household", "search", "awm", "alfworld", "bfcl", "tau2")
-DEFAULT_SPLIT = {"household": "train", "search": "train", "awm": "train", "alfworld": "train", "bfcl": "base",
+DEFAULT_SPLIT = {"household": "train", "search": "train", "awm": "all", "alfworld": "train", "bfcl": "base",
                  "tau2": "retail"}
 HOUSEHOLD_SIZES = ("short", "full")
 
@@ -21,7 +21,7 @@ def env_factory(
 
     household: ``size`` short (CPU demos) or full, ``options`` are ``HouseholdConfig`` knobs; search: ``data`` is the
     question file or folder, ``options`` ``corpus`` or ``retriever`` (one of them), ``topk``, ``retriever_timeout``;
-    awm: ``data`` is the AWM release folder, ``options`` ``tool_timeout_s``, ``verify_timeout_s``; alfworld: ``data`` is
+    awm: ``data`` is the AWM release folder (default: our example scenarios), ``options`` ``tool_timeout_s``, ``verify_timeout_s``; alfworld: ``data`` is
     the json_2.1.1 folder (default ``$ALFWORLD_DATA``); tau2: ``options`` are ``domain`` (None: every domain),
     ``user`` (``scripted`` or ``lm:MODEL``) and ``max_errors``; ``max_steps`` overrides the environment's step limit.
     """
@@ -66,8 +66,10 @@ def env_factory(
         unknown = sorted(set(options) - {"tool_timeout_s", "verify_timeout_s"})
         if unknown:
             raise ValueError(f"environment 'awm' takes the options tool_timeout_s and verify_timeout_s (got {unknown})")
-        if data is None:
-            raise ValueError("the awm environment needs an AWM release folder (--data; `deltattg awm-examples` writes one)")
+        if data is None:  # our example scenarios
+            from deltattg.envs.awm.examples import shipped_release
+
+            data = shipped_release()
         return lambda: AWMEnv(data, **options, **limit)
     if options:
         raise ValueError(f"environment {name!r} takes no options (got {sorted(options)})")

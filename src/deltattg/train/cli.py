@@ -103,7 +103,7 @@ def check_specs(config) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Resolve the configuration, then train (bad settings, a missing meter or checkpoint: a usage error, exit 2)."""
-    from deltattg.train.config import dump, load, resolve, with_absolute_paths
+    from deltattg.train.config import dump, load, needs_meter, resolve, with_absolute_paths
     from deltattg.train.rollouts import DynamicSamplingExhausted
     from deltattg.train.trainer import train
 
@@ -114,9 +114,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.resume and not (args.preset or args.config):
             config = load(run_config_path(args), overrides)
         else:
-            config = resolve(args.preset, args.config, overrides)
+            config = resolve(args.preset, args.config, overrides, require_meter=not args.print_config)
         if args.print_config:
             print(dump(config), end="")
+            if needs_meter(config) and not config.meter.path:
+                print(f"deltattg train: note: algo.method {config.algo.method} reads a frozen progress meter: give "
+                      "--meter DIR to train", file=sys.stderr)
             return 0
         check_specs(config)  # a mistyped actor or meter path: refused before the run folder is touched
         config = with_absolute_paths(config)  # the saved config.yaml resumes from any working folder

@@ -356,10 +356,11 @@ def to_dict(config: Any) -> dict:
     return plain(asdict(config))
 
 
-def resolve(preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+def resolve(preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = (), *,
+            require_meter: bool = True) -> TrainConfig:
     """The configuration of a run: defaults <- preset <- method defaults <- YAML ``file`` <- ``overrides``.
 
-    ``preset`` defaults to the file's own ``preset`` entry.
+    ``preset`` defaults to the file's own ``preset`` entry; ``require_meter``: see :func:`validate`.
     """
     loaded = read_yaml(file) if file is not None else {}
     if file is not None:
@@ -375,7 +376,7 @@ def resolve(preset: str | None = None, file: str | Path | None = None, overrides
     method = functools.reduce(merge, layers, base).get("algo", {}).get("method", AlgoConfig.method)
     merged = functools.reduce(merge, layers, merge(base, METHOD_DEFAULTS.get(method, {})))
     config = from_dict(TrainConfig, {**merged, "preset": preset})
-    validate(config)
+    validate(config, require_meter=require_meter)
     return config
 
 
@@ -399,8 +400,9 @@ def read_yaml(path: str | Path) -> dict:
     return loaded
 
 
-def validate(config: TrainConfig) -> None:
-    """Settings that are valid one by one but not together."""
+def validate(config: TrainConfig, *, require_meter: bool = True) -> None:
+    """Settings that are valid one by one but not together (``require_meter=False``: a meter-reading method without
+    ``meter.path`` passes, for ``--print-config``)."""
     method = config.algo.method
     if method != DAPO and method not in available_estimators():
         raise ValueError(f"algo.method {method!r} is unknown; choose from {DAPO}, {', '.join(available_estimators())}")
@@ -408,7 +410,7 @@ def validate(config: TrainConfig) -> None:
         raise ValueError(
             f"algo.method {method} needs credit.failure_cost C (Table 4: 16384 ALFWorld/AWM, 6144 PaperSearchQA)"
         )
-    if needs_meter(config) and not config.meter.path:
+    if require_meter and needs_meter(config) and not config.meter.path:
         raise ValueError(f"algo.method {method} needs a frozen progress meter: set meter.path")
     if config.meter.refresh_every < 0 or config.meter.refresh_epochs < 1 or not config.meter.refresh_lr > 0:
         raise ValueError("meter.refresh_every must be >= 0, meter.refresh_epochs >= 1 and meter.refresh_lr > 0")

@@ -9,8 +9,11 @@ Each folder here is one scenario: ``scenario.json`` (name, description, db_schem
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -49,3 +52,23 @@ def write_examples(folder: str | os.PathLike) -> dict[str, int]:
     with atomic_output(Path(folder) / "deltattg_split.json") as handle:
         handle.write(json.dumps({"test": held_out}) + "\n")
     return counts
+
+
+def shipped_release() -> str:
+    """A release folder holding the example scenarios (the awm environment's default ``data``): written once under
+    the temporary folder, named by a hash of the examples' files, so every process and rebuild finds the same one."""
+    root = resources.files(__name__)
+    digest = hashlib.sha256()
+    for name in example_names():
+        for part in sorted((root / name).iterdir(), key=lambda p: p.name):
+            if part.is_file():
+                digest.update(part.name.encode() + part.read_bytes())
+    folder = Path(tempfile.gettempdir()) / f"deltattg-awm-examples-{digest.hexdigest()[:12]}"
+    if not (folder / "deltattg_split.json").is_file():  # written last: its presence means the folder is complete
+        staging = Path(tempfile.mkdtemp(prefix=".deltattg-awm-examples-", dir=tempfile.gettempdir()))
+        write_examples(staging)
+        try:
+            staging.rename(folder)
+        except OSError:  # another process got there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(folder)
