@@ -91,10 +91,11 @@ def test_the_database_is_built_from_the_released_sql_and_bad_inserts_are_counted
     assert (report.tables, report.failed_tables, report.inserts, report.failed_inserts) == (1, 0, 6, 1)
 
 
-def test_the_code_is_bound_to_the_episode_database_and_mounted_as_mcp():
+def test_the_code_is_bound_to_the_episode_database_and_mounted_as_mcp(tmp_path):
     code = 'engine = create_engine(DATABASE_PATH, connect_args={})\nif __name__ == "__main__":\n    uvicorn.run(app, port=1)'
-    patched = patched_code(code, "/tmp/x/final.db").splitlines()
-    assert "engine = create_engine('sqlite:////tmp/x/final.db', connect_args={'check_same_thread': False})" in patched
+    db = tmp_path / "final.db"
+    patched = patched_code(code, str(db)).splitlines()
+    assert f"engine = create_engine('sqlite:///{db}', connect_args={{'check_same_thread': False}})" in patched
     i = patched.index("    FastApiMCP(app).mount_http()")
     assert patched[i - 1] == "    from fastapi_mcp import FastApiMCP" and patched[i + 1].startswith("    uvicorn.run(app, ")
 

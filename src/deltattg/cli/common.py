@@ -76,7 +76,8 @@ def add_environment(parser: argparse.ArgumentParser, *, several_splits: bool = F
     parser.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
     parser.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA); search: a question "
                         "file (JSONL or Parquet) or a folder of them, one split per file; awm: an AWM release folder "
-                        "(its gen_*.jsonl files; default: our example scenarios, as `deltattg awm-examples` writes them)")
+                        "(its gen_*.jsonl files; default: our example scenarios, as `deltattg awm-examples` writes "
+                        "them)")
     search = parser.add_argument_group("search environment (one of --corpus and --retriever)")
     search.add_argument("--corpus", help="a passage corpus JSONL ({id, contents}), searched here with BM25")
     search.add_argument("--retriever", metavar="URL", help="a Search-R1 retrieval server (POST URL/retrieve), e.g. "

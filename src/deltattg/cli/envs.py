@@ -76,7 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--out", required=True, help="folder for corpus.jsonl and questions/{train,test}.jsonl (the "
                       "search environment's --corpus and --data)")
     data.add_argument("--test-share", type=number(float, low=0, high=1), default=0.25,
-                      help="share of the questions in questions/test.jsonl (by a hash of the question), default %(default)s")
+                      help="share of the questions in questions/test.jsonl (by a hash of the question), "
+                      "default %(default)s")
     data.set_defaults(func=cmd_search_data)
 
     serve = sub.add_parser(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from collections.abc import Sequence
@@ -132,6 +133,12 @@ def load_split(path: str | os.PathLike, subset: str) -> set[str]:
 
 __all__ = ["Located", "TrajectoryFile", "assistant_indices", "from_agentprocessbench", "load_split", "read_trajectories",
            "read_trajectory_file"]
+
+
+def held_out_by_hash(key: str, share: float) -> bool:
+    """Whether ``key`` falls in a fixed ``share`` of all keys, by its SHA-256 (a split that depends on nothing but the
+    key: not on file order, seeds or the other keys)."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
 def split_by_task(items: Sequence[T], heldout_fraction: float, seed: int) -> tuple[list[T], list[T]]:

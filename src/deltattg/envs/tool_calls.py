@@ -14,6 +14,7 @@ from typing import Any
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.S)
 _TAGS = re.compile(r"^<tool_call>\s*(.*?)\s*(?:</tool_call>)?$", re.S)
+TOOL_CALL_TAG = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.S)  # anywhere in a reply; left open at the end too
 
 
 class Malformed(ValueError):
@@ -61,3 +62,10 @@ def parse_tool_calls(reply: str) -> list[tuple[str, dict[str, Any]]] | None:
     if not calls:
         raise Malformed("an empty list of tool calls")
     return calls
+
+
+def embedded_tool_calls(reply: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """:func:`parse_tool_calls` of a reply that may carry text around its call (reasoning first, as chat agents
+    write): the first ``<tool_call>`` span wherever it is, else the whole reply."""
+    tagged = TOOL_CALL_TAG.search(reply)
+    return parse_tool_calls(tagged.group(0) if tagged else reply)

@@ -33,7 +33,6 @@ import atexit
 import json
 import os
 import random
-import re
 import shutil
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from deltattg.envs.awm.release import FILES, Release, Scenario, read_release
 from deltattg.envs.awm.sandbox import VERIFY_TIMEOUT_S, Server, ServerError, build_database, verify
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
-from deltattg.envs.tool_calls import Malformed, parse_tool_calls
+from deltattg.envs.tool_calls import Malformed, embedded_tool_calls
 from deltattg.errors import InputError
 
 MAX_STEPS = 20  # Table 4's AWM turn limit
@@ -83,7 +82,6 @@ For each function call, return a json object with function name and arguments wi
 {"name": <function-name>, "arguments": <args-json-object>}
 </tool_call>"""  # AWM's demo agent prompt (awm/prompts.py), its examples left out
 
-_TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.S)
 _templates: dict[tuple[str, str], Path] = {}
 _templates_lock = threading.Lock()
 _cache_dir: list[Path] = []
@@ -120,8 +118,7 @@ def tool_listing(tools: Sequence[dict[str, Any]]) -> str:
 def parse_call(reply: str) -> tuple[str, dict[str, Any]] | None:
     """``(function, arguments)`` of a reply's first tool call (``list_tools``, or a scenario tool with its
     arguments: ``call_tool`` unwrapped), None for a final answer; ``Malformed`` for a call that is not one."""
-    tagged = _TOOL_CALL.search(reply)
-    calls = parse_tool_calls(tagged.group(0) if tagged else reply)
+    calls = embedded_tool_calls(reply)
     if not calls:
         return None
     name, arguments = calls[0]

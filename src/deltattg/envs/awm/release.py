@@ -22,7 +22,6 @@ counted (:attr:`Release.unplayable`), never silently dropped. Bad records are ``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from deltattg.data.jsonl import read_jsonl
+from deltattg.data.sources import held_out_by_hash
 from deltattg.errors import InputError
 
 FILES = {"tasks": "gen_tasks.jsonl", "db": "gen_db.jsonl", "sample": "gen_sample.jsonl", "envs": "gen_envs.jsonl",
@@ -60,8 +60,7 @@ class Scenario:
 
 def hashed_split(name: str) -> str:
     """``test`` for a fixed share of scenarios (by a hash of the name), else ``train``."""
-    digest = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "test" if digest < TEST_SHARE else "train"
+    return "test" if held_out_by_hash(name, TEST_SHARE) else "train"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ does not depend on the file's order. (AgentProcessBench's own ``split.json`` spl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import defaultdict
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deltattg.data.jsonl import read_jsonl, write_jsonl
+from deltattg.data.sources import held_out_by_hash
 from deltattg.envs.search.answers import exact_match, mentions
 from deltattg.errors import InputError
 
@@ -63,11 +63,6 @@ def _queries(message: dict[str, Any]) -> list[str]:
     return queries
 
 
-def _split_of(question: str, test_share: float) -> str:
-    digest = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "test" if digest < test_share else "train"
-
-
 def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> ClosedSet:
     """The closed set of an AgentProcessBench-style JSONL file (see the module doc)."""
     corpus: dict[str, str] = {}
@@ -102,7 +97,7 @@ def closed_set(trajectories: str | os.PathLike, test_share: float = 0.25) -> Clo
             continue
         row = {"id": f"q{index}", "question": question, "golden_answers": golden, "queries": queries.get(question, []),
                "data_source": sources[question]}
-        splits[_split_of(question, test_share)].append(row)
+        splits["test" if held_out_by_hash(question, test_share) else "train"].append(row)
     return ClosedSet([{"id": i, "contents": c} for i, c in corpus.items()], splits, dropped)
 
 

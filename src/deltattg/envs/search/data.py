@@ -74,7 +74,8 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return list(read_jsonl(path))
 
 
-def _answers(record: dict[str, Any]) -> Any:
+def _answers(record: dict[str, Any]) -> tuple[Any, str]:
+    """The record's golden answers as written, and the field they came from (for error messages)."""
     if "golden_answers" in record:
         return record["golden_answers"], "golden_answers"
     truth = record.get("ground_truth")

@@ -42,7 +42,7 @@ from deltattg.envs.base import StepResult, Task
 from deltattg.envs.search.answers import exact_match, f1_score, mentions
 from deltattg.envs.search.data import Passage, passages_text, question_files, read_questions
 from deltattg.envs.search.retrieval import BM25Index, RetrievalClient, RetrievalError, Retriever, bm25_index
-from deltattg.envs.tool_calls import Malformed, parse_tool_calls
+from deltattg.envs.tool_calls import TOOL_CALL_TAG, Malformed, embedded_tool_calls
 
 MAX_STEPS = 6  # Table 4's PaperSearchQA turn limit
 TOPK = 3  # Search-R1's and the AgentProcessBench trajectories'
@@ -62,7 +62,6 @@ INVALID = ("My previous action is invalid. If I want to search, I should put the
            "Let me try again.")  # Search-R1's observation for an invalid action
 
 _TAG = re.compile(r"<\s*(search|answer)\s*>(.*?)<\s*/\s*\1\s*>", re.S)  # "< search >": word-level decoders
-_TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.S)
 
 TOOL_SCHEMAS = [
     {"name": "search", "description": "Searches for relevant information based on queries.",
@@ -87,15 +86,14 @@ class Action:
 def parse_search_action(reply: str) -> Action:
     """What a reply asks for (see the module doc)."""
     tagged = _TAG.search(reply)
-    tool = _TOOL_CALL.search(reply)
+    tool = TOOL_CALL_TAG.search(reply)
     if tagged and not (tool and tool.start() < tagged.start()):
         kind, body = tagged.group(1), tagged.group(2).strip()
         if not body:
             return Action("invalid", error=f"an empty <{kind}>")
         return Action("search", queries=(body,)) if kind == "search" else Action("answer", answer=body)
-    text = tool.group(0) if tool else reply
     try:
-        calls = parse_tool_calls(text)
+        calls = embedded_tool_calls(reply)
     except Malformed as error:
         return Action("invalid", error=f"malformed tool call: {error}")
     if not calls:
