@@ -58,3 +58,44 @@ def test_an_unwritable_out_is_refused_before_any_episode(target, capsys):
     code = main(["collect", "--env", "household", "--short", "--policy", "expert", "--episodes", "2", "--out", target])
     err = capsys.readouterr().err
     assert code == 2 and f"{target}: cannot write" in err and "rollout" not in err and "Traceback" not in err
+
+
+def test_noisy_expert_records_carry_provenance_step_labels(tmp_path, tiny_tokenizer, capsys):
+    """+1 where the noisy expert took the expert's action, −1 where it made a deliberate mistake, as AgentProcessBench
+    ``step_labels`` keyed by assistant message index; nothing for a policy without provenance (random). ``eval-steps``
+    reads them: the planner (oracle meter) judges every expert step as progress."""
+    import json
+
+    out = tmp_path / "pool.jsonl"
+    tiny_tokenizer.save_pretrained(tmp_path / "tok")
+    assert main(["collect", "--env", "household", "--short", "--policy", "expert", "--policy", "expert:1",
+                 "--policy", "expert:0.5", "--policy", "random", "--episodes", "6", "--group-size", "2",
+                 "--out", str(out), "--no-progress"]) == 0
+    by_policy: dict = {}
+    for item in read_trajectories(out)[0]:
+        by_policy.setdefault(item.trajectory.policy, []).append(item.trajectory)
+    for policy, wanted in (("expert-eps0", {1}), ("expert-eps1", {-1}), ("expert-eps0.5", {1, -1})):
+        labels = [t.extra["step_labels"] for t in by_policy[policy]]
+        assert all(t.extra["data_source"] == "household" for t in by_policy[policy])
+        assert all(sorted(map(int, lab)) == [2 + 2 * k for k in range(t.num_steps)]
+                   for lab, t in zip(labels, by_policy[policy]))  # fmt: skip
+        assert {v for lab in labels for v in lab.values()} == wanted, policy
+    assert all("step_labels" not in t.extra for t in by_policy["random"])
+
+    from deltattg.meter.loading import load_meter, read_states
+    from deltattg.meter.step_quality import labelled_steps, step_judgements
+
+    oracle = load_meter("oracle", tokenizer=str(tmp_path / "tok"))
+    noisy = by_policy["expert-eps0.5"]
+    for t, readings in zip(noisy, read_states(oracle, noisy, terminal=True)[0]):
+        judged = step_judgements(readings, 256.0)
+        for step, label in labelled_steps(t.messages, t.extra["step_labels"]).items():
+            if label == 1:
+                assert judged[step] == 1, (t.id, step)  # the planner's own action always shortens its plan
+    report = tmp_path / "steps.json"
+    assert main(["eval-steps", "--data", str(out), "--meter", "oracle", "--tokenizer", str(tmp_path / "tok"),
+                 "--failure-cost", "256", "--json", str(report), "--no-progress"]) == 0
+    rows = json.loads(report.read_text())["household"]
+    steps = sum(len(t.extra["step_labels"]) for ts in by_policy.values() for t in ts if "step_labels" in t.extra)
+    assert rows["meter (binary)"]["steps"] == steps
+    assert rows["meter (binary)"]["correct"] >= rows["meter (binary)"]["beneficial"]

@@ -297,7 +297,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "count as wrong. Prints accuracy and balanced accuracy per dataset and pooled, beside always-beneficial and "
         "random baselines.",
     )
-    eval_steps.add_argument("--data", required=True, help="records with step_labels (AgentProcessBench JSONL)")
+    eval_steps.add_argument("--data", required=True, help="records with step_labels: AgentProcessBench JSONL, or "
+                            "`collect` records of noisy experts (+1 the expert's action, -1 a deliberate mistake)")
     eval_steps.add_argument("--split", help="split file")
     eval_steps.add_argument("--subset", default="test", help="subset of --split to evaluate (default: test)")
     eval_steps.add_argument("--failure-cost", type=failure_cost, default=6144.0,
@@ -308,5 +309,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                             "regression (needs a meter that gives logits, e.g. the regression meter). Default: binary")
     eval_steps.add_argument("--json", help="also write the results as JSON here")
     add_meter_source(eval_steps)
+    add_tokenizer(eval_steps)
     add_skip_invalid(eval_steps)
     eval_steps.set_defaults(func=cmd_eval_steps)

@@ -4,6 +4,8 @@ Each turn, every unfinished episode asks the policy for an action in ONE batched
 all of them at once), then each environment steps. Every step records the observation it acted on, the prompt ids,
 the assistant token ids and their log-probs under the sampling policy (LM policies), the reward and the outcome the
 environment verified (``envs.base.verified_outcome``: the action was admissible, the tool calls ran without error).
+Where the policy knows each action's provenance (the noisy expert: its own action or a deliberate mistake), the record
+carries it as AgentProcessBench-style ``step_labels`` (:func:`provenance_step_labels`), which ``eval-steps`` reads.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from deltattg.data.trajectory import Step, Trajectory
+from deltattg.data.trajectory import Step, Trajectory, assistant_indices
 from deltattg.envs.base import Describable, Environment, Task, verified_outcome
 
 
@@ -28,6 +30,7 @@ class Action:
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
     env_text: str | None = None
+    mistake: bool | None = None  # the noisy expert's provenance: True a deliberate mistake, False its own action
 
     @property
     def command(self) -> str:
@@ -48,6 +51,7 @@ class Episode:
     admissible: list[str] | None
     history: list[tuple[str, str]] = field(default_factory=list)  # (command executed, observation after it)
     steps: list[Step] = field(default_factory=list)
+    mistakes: list[bool | None] = field(default_factory=list)  # each action's ``Action.mistake``
     reward: float = 0.0
     done: bool = False
     won: bool = False
@@ -90,6 +94,7 @@ def advance(episode: Episode, action: Action) -> None:
         )
     )
     episode.messages += [{"role": "assistant", "content": action.text}, {"role": "user", "content": result.observation}]
+    episode.mistakes.append(action.mistake)
     episode.history.append((action.command, result.observation))
     episode.observation = result.observation
     episode.admissible = result.info.get("admissible")
@@ -110,8 +115,22 @@ def provenance(episode: Episode, max_turns: int) -> dict:
     return {"task": task, "env": env}
 
 
+def provenance_step_labels(messages: list[dict], mistakes: Sequence[bool | None]) -> dict[str, int] | None:
+    """Step labels in AgentProcessBench's form ({assistant message index: label}) from each action's provenance: +1
+    the expert's own action, −1 a deliberate mistake; ``None`` unless every action's provenance is known. The labels
+    are what the policy meant, not what the step did: a mistake drawn from the admissible actions can happen to be
+    the expert's action or a harmless one, and it still counts as harmful."""
+    if not mistakes or any(m is None for m in mistakes):
+        return None
+    return {str(index): -1 if mistake else 1 for index, mistake in zip(assistant_indices(messages), mistakes)}
+
+
 def to_trajectory(episode: Episode, policy: str, run: str, max_turns: int) -> Trajectory:
     recorded = all(step.token_ids is not None for step in episode.steps)
+    extra = provenance(episode, max_turns)
+    labels = provenance_step_labels(episode.messages, episode.mistakes)
+    if labels is not None:
+        extra |= {"step_labels": labels, "data_source": episode.env.name}
     return Trajectory(
         id=f"{run}{episode.task.id}#{episode.index}",
         group=episode.task.id,
@@ -121,7 +140,7 @@ def to_trajectory(episode: Episode, policy: str, run: str, max_turns: int) -> Tr
         step_tokens=[len(step.token_ids) for step in episode.steps] if recorded else None,  # type: ignore[arg-type]
         policy=policy,
         steps=episode.steps,
-        extra=provenance(episode, max_turns),
+        extra=extra,
     )
 
 

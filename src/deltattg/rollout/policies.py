@@ -61,12 +61,12 @@ class NoisyExpertPolicy:
         can_err = bool(episode.admissible) or isinstance(episode.env, HasMistakes)
         if can_err and self.rng.random() < self.epsilon:
             if episode.admissible:
-                return Action(self.rng.choice(episode.admissible))
-            return Action(episode.env.mistaken_action(self.rng))  # type: ignore[union-attr]
+                return Action(self.rng.choice(episode.admissible), mistake=True)
+            return Action(episode.env.mistaken_action(self.rng), mistake=True)  # type: ignore[union-attr]
         expert = episode.env.expert_action()
-        if expert is None:
+        if expert is None:  # no expert action here: neither the expert's nor a deliberate mistake
             return Action(self.rng.choice(episode.admissible) if episode.admissible else "look")
-        return Action(expert)
+        return Action(expert, mistake=False)
 
     def act(self, episodes: Sequence[Episode]) -> list[Action]:
         return [self._one(e) for e in episodes]

@@ -1,0 +1,321 @@
+"""Cross-domain transfer of progress meters (§5.3): one meter per domain, each read on every domain.
+
+    .venv/bin/python bench/bench_transfer.py --out runs/transfer \\
+        [--domains household alfworld bfcl tau2 search awm] [--guide-targets household bfcl search awm]
+
+Per domain (the user's commands, run with this Python's ``deltattg``): ``collect`` a training pool of noisy experts
+(``expert:0.1``, ``expert:0.3``, ``expert:0.6``) and a held-out pool (``expert:0.3``, ``expert:0.6``) on tasks of
+another split, then ``train-meter`` a regression meter on a frozen SmolLM2-135M with ``--turn-limit none`` (its input
+does not state the turns left, so one meter can read any domain's episodes). Then:
+
+* **step quality** (``eval-steps``' measure): every meter reads every held-out pool; a step is judged beneficial when
+  the meter's predicted remaining work falls across it (Δ > 0), harmful when it rises, against the labels the noisy
+  expert's provenance gives (``collect``: +1 the expert's own action, −1 a deliberate mistake). With
+  ``--agentprocessbench DIR`` also AgentProcessBench hotpotqa's human labels (its test split). The meters share one
+  frozen backbone and one input format, so each held-out state's backbone features are computed once
+  (``features/TARGET.pt``) and every meter's head reads them;
+* **guidance** (``guide``): on each ``--guide-targets`` domain's held-out split, ``expert:0.5`` alone, picking at random
+  among 4 proposals, and picking by each meter.
+
+Every cell carries its count (labelled steps, episodes) and a 95 % Wilson interval. Every stage is skipped when its
+output exists, so an interrupted run resumes. ``transfer.md`` / ``transfer.json`` under ``--out``.
+
+Data: ALFWorld's game files from ``--alfworld`` or ``$ALFWORLD_DATA`` (``json_2.1.1`` with ``valid_train`` and
+``valid_seen``); search's closed hotpotqa corpus is built from ``--agentprocessbench`` (``hotpotqa.jsonl``); a domain
+whose data or extra is missing is left out, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAIN_POLICIES = ("expert:0.1", "expert:0.3", "expert:0.6")
+HELDOUT_POLICIES = ("expert:0.3", "expert:0.6")
+GUIDE_ACTOR = "expert:0.5"
+
+
+@dataclass(frozen=True)
+class Domain:
+    """How to collect one domain: its environment flags, training and held-out splits, turn limit and sizes."""
+
+    name: str
+    env: tuple[str, ...]
+    train_split: str
+    heldout_split: str
+    max_turns: int
+    train_episodes: int = 12  # per policy
+    heldout_episodes: int = 12  # per policy
+    group_size: int = 1
+    guide_episodes: int = 12
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def domains(alfworld: str | None, search_data: Path | None) -> dict[str, Domain]:
+    """The six domains with the flags this machine's data allows (``None`` where a domain's data is missing)."""
+    out = {
+        "household": Domain("household", ("--env", "household", "--short"), "train", "valid_seen", 12),
+        "bfcl": Domain("bfcl", ("--env", "bfcl"), "base", "base", 12,
+                       note="held-out tasks drawn from the same split with another seed (a task may repeat)"),
+        "tau2": Domain("tau2", ("--env", "tau2"), "retail/train", "retail/test", 12, guide_episodes=10),
+        "awm": Domain("awm", ("--env", "awm"), "train", "test", 8, group_size=4, heldout_episodes=12,
+                      guide_episodes=3, note="our three-plus-three example scenarios: each task played 4 times"),
+    }
+    if alfworld:
+        out["alfworld"] = Domain("alfworld", ("--env", "alfworld", "--data", alfworld), "valid_train", "valid_seen", 15,
+                                 heldout_episodes=8, guide_episodes=8)
+    if search_data is not None:
+        out["search"] = Domain("search", ("--env", "search", "--data", str(search_data / "questions"), "--corpus",
+                                          str(search_data / "corpus.jsonl")), "train", "test", 6, group_size=2,
+                               guide_episodes=7, note="7 held-out questions, each played twice per policy")
+    return out
+
+
+def run(argv: Sequence[str], log: Path) -> None:
+    """``deltattg ARGV`` with this Python; its output appended to ``log``; a failure stops the study."""
+    command = [sys.executable, "-m", "deltattg", *argv]
+    with log.open("a") as out:
+        out.write("$ deltattg " + " ".join(argv) + "\n")
+        out.flush()
+        start = time.perf_counter()
+        code = subprocess.call(command, stdout=out, stderr=out)
+        out.write(f"[{time.perf_counter() - start:.0f} s, exit {code}]\n")
+    if code != 0:
+        raise SystemExit(f"bench_transfer: `deltattg {' '.join(argv)}` exited {code}; see {log}")
+
+
+def pools(domain: Domain, out: Path, log: Path) -> tuple[Path, Path]:
+    """The domain's training and held-out pools (collected unless present)."""
+    folder = out / domain.name
+    folder.mkdir(parents=True, exist_ok=True)
+    made = []
+    for kind, split, policies, episodes, seed in (
+        ("train", domain.train_split, TRAIN_POLICIES, domain.train_episodes, 11),
+        ("heldout", domain.heldout_split, HELDOUT_POLICIES, domain.heldout_episodes, 12),
+    ):
+        path = folder / f"{kind}.jsonl"
+        if not path.exists():
+            argv = ["collect", *domain.env, "--split", split, *[a for p in policies for a in ("--policy", p)],
+                    "--episodes", str(episodes), "--group-size", str(domain.group_size), "--max-turns",
+                    str(domain.max_turns), "--tokenizer", "smollm2", "--seed", str(seed), "--out", str(path),
+                    "--no-progress"]  # fmt: skip
+            run(argv, log)
+        made.append(path)
+    return made[0], made[1]
+
+
+def meter(domain: Domain, train: Path, out: Path, log: Path, max_length: int) -> Path:
+    """The domain's regression meter (trained unless present)."""
+    folder = out / domain.name / "meter"
+    if not (folder / "meter_config.json").exists():
+        run(["train-meter", str(train), "--out", str(folder), "--kind", "regression", "--model", "smollm2",
+             "--max-length", str(max_length), "--max-message-chars", "1500", "--turn-limit", "none", "--seed", "0"],
+            log)  # fmt: skip
+    return folder
+
+
+def wilson(successes: int, n: int) -> tuple[float, float]:
+    """95 % Wilson score interval of a binomial proportion (scipy's)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    from scipy.stats import binomtest
+
+    ci = binomtest(successes, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def load_meters(folders: dict[str, Path]):
+    """The meters, sharing ONE backbone: they must agree on everything that shapes a state's features."""
+    from deltattg.data.pt_files import safe_load
+    from deltattg.meter.regression import HEAD_NAME, RegressionMeter
+    from deltattg.meter.train_regression import feature_settings
+
+    names = list(folders)
+    first = RegressionMeter.from_pretrained(folders[names[0]])
+    meters = {names[0]: first}
+    for name in names[1:]:
+        loaded = json.loads((folders[name] / "meter_config.json").read_text())
+        from deltattg.meter.regression import RegressionConfig
+
+        config = RegressionConfig(**loaded)
+        other = RegressionMeter(first.backbone, first.tokenizer, config)
+        other.head.load_state_dict(safe_load(folders[name] / HEAD_NAME))
+        shape = ("max_length", "max_message_chars", "turn_limit")
+        if feature_settings(other) != feature_settings(first) or any(
+            getattr(config, k) != getattr(first.config, k) for k in shape
+        ):
+            raise SystemExit(f"bench_transfer: meter {folders[name]} reads states differently from {folders[names[0]]}")
+        meters[name] = other.eval()
+    return meters
+
+
+def step_quality_cells(meters: dict, target: str, trajectories: Sequence, features_path: Path) -> dict[str, dict]:
+    """Every meter's step quality on ``trajectories`` (records with ``step_labels``), from shared features."""
+    import torch
+
+    from deltattg.meter.step_quality import labelled_steps, step_judgements, step_quality
+    from deltattg.meter.train_regression import cached_features
+
+    reference = next(iter(meters.values()))
+    plans = [reference.windows(t.messages) for t in trajectories]
+    flat = [w for plan in plans for w in plan]
+    features = cached_features(reference, flat, features_path, progress=True)
+    cells = {}
+    for name, m in meters.items():
+        with torch.no_grad():
+            readings = m.readings(m.head(features))
+        pairs, k = [], 0
+        for t, plan in zip(trajectories, plans):
+            n = sum(len(w.steps) for w in plan)
+            judged = step_judgements(readings[k : k + n], 6144.0)
+            k += n
+            pairs += [(label, judged[s]) for s, label in sorted(labelled_steps(t.messages, t.extra["step_labels"]).items())]
+        q = step_quality(pairs)
+        cells[name] = q.as_dict() | {"accuracy_ci": wilson(q.correct, q.steps), "target": target}
+    return cells
+
+
+def labelled(path: Path, split: Path | None = None, subset: str = "test") -> list:
+    from deltattg.cli.common import read_records
+    from deltattg.meter.commands import select_split
+
+    items = read_records(str(path), False)
+    if split is not None:
+        items = select_split(items, str(split), subset)
+    return [i.trajectory for i in items if i.trajectory.extra.get("step_labels")]
+
+
+def guidance(domain: Domain, meter_name: str, meter_folder: Path, out: Path, log: Path) -> dict:
+    """``guide`` on the domain's held-out split with one meter (run unless its JSON is present)."""
+    path = out / "guide" / f"{domain.name}--{meter_name}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run(["guide", *domain.env, "--split", domain.heldout_split, "--actor", GUIDE_ACTOR, "--candidates", "4",
+             "--episodes", str(domain.guide_episodes), "--max-turns", str(domain.max_turns), "--seed", "0",
+             "--meter", str(meter_folder), "--json", str(path), "--no-progress"], log)  # fmt: skip
+    return json.loads(path.read_text())
+
+
+def percent(p: float, ci: tuple[float, float]) -> str:
+    return f"{100 * p:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+
+
+def report(quality: dict, guides: dict, domains_used: dict[str, Domain], skipped: dict[str, str], argv: str) -> str:
+    lines = ["# Cross-domain transfer of progress meters (§5.3)", "",
+             f"`bench/bench_transfer.py {argv}` — {time.strftime('%Y-%m-%d %H:%M')}, revision {revision()}.", "",
+             "## Step quality", "",
+             "Rows: the domain a meter was trained on; columns: the held-out states it reads. Each cell: accuracy % "
+             "of Δ's sign against the step labels [95 % Wilson interval], balanced accuracy %, labelled steps "
+             "(beneficial / harmful); ties (Δ = 0) count as wrong. Labels: the noisy expert's provenance (+1 its "
+             "own action, −1 a deliberate mistake); `apb-hotpotqa`: AgentProcessBench's human labels.", ""]
+    targets = list(next(iter(quality.values())).keys()) if quality else []
+    lines += ["| meter ↓ / read on → | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
+    for source, row in quality.items():
+        cells = []
+        for target in targets:
+            c = row[target]
+            cells.append(f"{percent(c['accuracy'], tuple(c['accuracy_ci']))}, bal. {100 * c['balanced_accuracy']:.1f}, "
+                         f"n = {c['steps']} ({c['beneficial']}/{c['harmful']}), ties {c['ties']}")  # fmt: skip
+        lines.append(f"| {source} | " + " | ".join(cells) + " |")
+    always = {t: next(iter(quality.values()))[t] for t in targets}
+    lines += ["", "Always-beneficial on the same steps: " + ", ".join(
+        f"{t} {100 * c['beneficial'] / c['steps']:.1f} %" for t, c in always.items() if c["steps"]) + "."]
+    if guides:
+        lines += ["", "## Guidance", "",
+                  f"`guide --actor {GUIDE_ACTOR} --candidates 4` on each domain's held-out split, seed 0: success % "
+                  "[95 % Wilson interval] over the episodes (distinct tasks), average steps.", ""]
+        for target, runs in guides.items():
+            first = next(iter(runs.values()))
+            n = first["episodes"]
+            arms = {a["name"]: a for a in first["arms"]}
+            lines += [f"**{target}** ({n} episodes, split {domains_used[target].heldout_split}):", "",
+                      "| arm | success % | steps |", "|---|---|---|"]
+            for name in ("natural rollout", "random selection"):
+                a = arms[name]
+                lines.append(f"| {name} | {percent(a['success'], wilson(round(a['success'] * n), n))} | {a['steps']:.1f} |")
+            for source, result in runs.items():
+                a = {x["name"]: x for x in result["arms"]}["progress meter"]
+                lines.append(f"| meter trained on {source} | {percent(a['success'], wilson(round(a['success'] * n), n))} "
+                             f"| {a['steps']:.1f} |")  # fmt: skip
+            lines.append("")
+    notes = [f"{d.name}: {d.note}" for d in domains_used.values() if d.note]
+    notes += [f"{name}: left out ({why})" for name, why in skipped.items()]
+    if notes:
+        lines += ["", "Notes: " + "; ".join(notes) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--out", default="runs/transfer")
+    parser.add_argument("--domains", nargs="+", default=["household", "alfworld", "bfcl", "tau2", "search", "awm"])
+    parser.add_argument("--guide-targets", nargs="*", default=["household", "bfcl", "search", "awm"])
+    parser.add_argument("--guide-meters", nargs="*", help="meters guiding each target (default: all)")
+    parser.add_argument("--alfworld", default=os.environ.get("ALFWORLD_DATA"), help="json_2.1.1 folder")
+    parser.add_argument("--agentprocessbench", help="folder with hotpotqa.jsonl and split.json")
+    parser.add_argument("--max-length", type=int, default=512, help="meter input budget in tokens (default 512)")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "commands.log"
+    search_data = None
+    if args.agentprocessbench and "search" in args.domains:
+        search_data = out / "search-data"
+        if not (search_data / "corpus.jsonl").exists():
+            run(["search-data", str(Path(args.agentprocessbench) / "hotpotqa.jsonl"), "--out", str(search_data)], log)
+    available = domains(args.alfworld, search_data)
+    skipped = {d: "no data: --alfworld / --agentprocessbench" for d in args.domains if d not in available}
+    chosen = {d: available[d] for d in args.domains if d in available}
+
+    heldout, folders = {}, {}
+    for name, domain in chosen.items():
+        print(f"[transfer] {name}: pools and meter", file=sys.stderr)
+        train, heldout[name] = pools(domain, out, log)
+        folders[name] = meter(domain, train, out, log, args.max_length)
+
+    meters = load_meters(folders)
+    targets = {name: labelled(path) for name, path in heldout.items()}
+    if args.agentprocessbench:
+        apb = Path(args.agentprocessbench)
+        targets["apb-hotpotqa"] = labelled(apb / "hotpotqa.jsonl", apb / "split.json")
+    quality: dict[str, dict] = {name: {} for name in meters}
+    for target, trajectories in targets.items():
+        print(f"[transfer] step quality on {target}: {len(trajectories)} labelled trajectories", file=sys.stderr)
+        cells = step_quality_cells(meters, target, trajectories, out / "features" / f"{target}.pt")
+        for name, cell in cells.items():
+            quality[name][target] = cell
+
+    guides: dict[str, dict] = {}
+    for target in [t for t in args.guide_targets if t in chosen]:
+        for source in args.guide_meters or list(folders):
+            print(f"[transfer] guidance on {target} with the {source} meter", file=sys.stderr)
+            guides.setdefault(target, {})[source] = guidance(chosen[target], source, folders[source], out, log)
+
+    text = report(quality, guides, chosen, skipped, " ".join(argv if argv is not None else sys.argv[1:]))
+    (out / "transfer.md").write_text(text)
+    (out / "transfer.json").write_text(json.dumps({"step_quality": quality, "guidance": guides,
+                                                   "skipped": skipped}, indent=2) + "\n")  # fmt: skip
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
