@@ -267,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/transfer")
     parser.add_argument("--domains", nargs="+", default=["household", "alfworld", "bfcl", "tau2", "search", "awm"])
     parser.add_argument("--guide-targets", nargs="*", default=["household", "bfcl", "search", "awm"])
-    parser.add_argument("--guide-meters", nargs="*", help="meters guiding each target (default: all)")
+    parser.add_argument("--guide-meters", nargs="*", help="meters guiding each target, by domain; 'own' is the "
+                        "target's own (default: all)")
     parser.add_argument("--alfworld", default=os.environ.get("ALFWORLD_DATA"), help="json_2.1.1 folder")
     parser.add_argument("--agentprocessbench", help="folder with hotpotqa.jsonl and split.json")
     parser.add_argument("--max-length", type=int, default=512, help="meter input budget in tokens (default 512)")
@@ -305,7 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     guides: dict[str, dict] = {}
     for target in [t for t in args.guide_targets if t in chosen]:
-        for source in args.guide_meters or list(folders):
+        sources = [target if m == "own" else m for m in (args.guide_meters or list(folders))]
+        for source in dict.fromkeys(s for s in sources if s in folders):
             print(f"[transfer] guidance on {target} with the {source} meter", file=sys.stderr)
             guides.setdefault(target, {})[source] = guidance(chosen[target], source, folders[source], out, log)
 
