@@ -18,7 +18,8 @@ does not state the turns left, so one meter can read any domain's episodes). The
   among 4 proposals, and picking by each meter.
 
 Every cell carries its count (labelled steps, episodes) and a 95 % Wilson interval. Every stage is skipped when its
-output exists, so an interrupted run resumes. ``transfer.md`` / ``transfer.json`` under ``--out``.
+output exists, so an interrupted run resumes; ``--report-only`` runs nothing new and reports what is there (domains
+with a meter, guidance cells with a result). ``transfer.md`` / ``transfer.json`` under ``--out``.
 
 Data: ALFWorld's game files from ``--alfworld`` or ``$ALFWORLD_DATA`` (``json_2.1.1`` with ``valid_train`` and
 ``valid_seen``); search's closed hotpotqa corpus is built from ``--agentprocessbench`` (``hotpotqa.jsonl``); a domain
@@ -272,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alfworld", default=os.environ.get("ALFWORLD_DATA"), help="json_2.1.1 folder")
     parser.add_argument("--agentprocessbench", help="folder with hotpotqa.jsonl and split.json")
     parser.add_argument("--max-length", type=int, default=512, help="meter input budget in tokens (default 512)")
+    parser.add_argument("--report-only", action="store_true", help="run nothing new: report the pools, meters and "
+                        "guidance cells already under --out")
     args = parser.parse_args(argv)
 
     out = Path(args.out)
@@ -287,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = {d: available[d] for d in args.domains if d in available}
 
     heldout, folders = {}, {}
+    if args.report_only:
+        chosen = {name: d for name, d in chosen.items() if (out / name / "meter" / "meter_config.json").exists()}
     for name, domain in chosen.items():
         print(f"[transfer] {name}: pools and meter", file=sys.stderr)
         train, heldout[name] = pools(domain, out, log)
@@ -308,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for target in [t for t in args.guide_targets if t in chosen]:
         sources = [target if m == "own" else m for m in (args.guide_meters or list(folders))]
         for source in dict.fromkeys(s for s in sources if s in folders):
+            if args.report_only and not (out / "guide" / f"{target}--{source}.json").exists():
+                continue
             print(f"[transfer] guidance on {target} with the {source} meter", file=sys.stderr)
             guides.setdefault(target, {})[source] = guidance(chosen[target], source, folders[source], out, log)
 
