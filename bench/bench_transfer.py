@@ -23,7 +23,8 @@ with a meter, guidance cells with a result). ``transfer.md`` / ``transfer.json``
 
 Data: ALFWorld's game files from ``--alfworld`` or ``$ALFWORLD_DATA`` (``json_2.1.1`` with ``valid_train`` and
 ``valid_seen``); search's closed hotpotqa corpus is built from ``--agentprocessbench`` (``hotpotqa.jsonl``); a domain
-whose data or extra is missing is left out, and the report says so.
+whose data is not given (ALFWorld, search) is left out, and the report says so; a missing extra stops the study at its
+domain's first command.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 TRAIN_POLICIES = ("expert:0.1", "expert:0.3", "expert:0.6")
@@ -57,11 +58,10 @@ class Domain:
     group_size: int = 1
     guide_episodes: int = 12
     note: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 def domains(alfworld: str | None, search_data: Path | None) -> dict[str, Domain]:
-    """The six domains with the flags this machine's data allows (``None`` where a domain's data is missing)."""
+    """The six domains with their flags; ALFWorld and search only where their data is given."""
     out = {
         "household": Domain("household", ("--env", "household", "--short"), "train", "valid_seen", 12),
         "bfcl": Domain("bfcl", ("--env", "bfcl"), "base", "base", 12,
@@ -136,17 +136,14 @@ def wilson(successes: int, n: int) -> tuple[float, float]:
 def load_meters(folders: dict[str, Path]):
     """The meters, sharing ONE backbone: they must agree on everything that shapes a state's features."""
     from deltattg.data.pt_files import safe_load
-    from deltattg.meter.regression import HEAD_NAME, RegressionMeter
+    from deltattg.meter.regression import HEAD_NAME, RegressionConfig, RegressionMeter
     from deltattg.meter.train_regression import feature_settings
 
     names = list(folders)
     first = RegressionMeter.from_pretrained(folders[names[0]])
     meters = {names[0]: first}
     for name in names[1:]:
-        loaded = json.loads((folders[name] / "meter_config.json").read_text())
-        from deltattg.meter.regression import RegressionConfig
-
-        config = RegressionConfig(**loaded)
+        config = RegressionConfig(**json.loads((folders[name] / "meter_config.json").read_text()))
         other = RegressionMeter(first.backbone, first.tokenizer, config)
         other.head.load_state_dict(safe_load(folders[name] / HEAD_NAME))
         shape = ("max_length", "max_message_chars", "turn_limit")
