@@ -16,7 +16,7 @@ import functools
 import importlib.util
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from deltattg.errors import InputError
@@ -123,20 +123,25 @@ def load_causal_lm(spec: str, **kwargs: Any) -> Any:
 def without_gguf_quantizer(model: Any) -> Any:
     """Forget the GGUF quantizer of a model whose every weight transformers dequantised to a plain tensor (its legacy
     GGUF path, and the ``dequantize`` option): nothing quantized is left, yet the quantizer makes ``save_pretrained``
-    refuse ("not serializable") and marks the model untrainable. Without it the model saves as safetensors, trains
-    and reloads like any HF checkpoint. A model that keeps packed GGUF layers is returned as it is."""
+    refuse ("not serializable") and its ``is_quantized`` mark makes transformers' ``Trainer`` refuse to fine-tune it
+    (and peft's LoRA look for the quantizer). The quantizer's own ``remove_quantization_config`` drops all of them:
+    the model then saves as safetensors, trains (fully or with LoRA) and reloads like any HF checkpoint. A model
+    that keeps packed GGUF layers is returned as it is."""
     quantizer = getattr(model, "hf_quantizer", None)
     if type(quantizer).__name__ != "GgufHfQuantizer" or getattr(quantizer, "packed_modules", None):
         return model
-    del model.hf_quantizer  # an unquantized model has no such attribute
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    quantizer.remove_quantization_config(model)
     return model
 
 
 @functools.cache
 def _forward_parameters(forward: Any) -> frozenset[str]:
     return frozenset(inspect.signature(forward).parameters)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share: how much of a key/value cache of one is the other's."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def cache_argument(model: Any) -> str:
