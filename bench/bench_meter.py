@@ -1,12 +1,17 @@
-"""Cost of scoring every decision state of a trajectory (issue 3, item 9): the paper's generative meter one prefix at a
-time vs the regression meter reading all prefixes in one pass, on the same backbone (SmolLM2-135M, CPU).
+"""Cost of scoring every decision state of a trajectory (issue 3, item 9; issue 23, item 1), SmolLM2-135M on CPU.
 
-For trajectories of T = 10, 30, 50 actions (random policy in the built-in household environment, default config):
-  (a) generative — ``GenerativeMeter.score([h_t])`` for t = 0..T−1, one prefix per call: each prompt is prefilled from
-      scratch and the answer decoded greedily (up to 32 tokens; an untrained model rarely stops early);
+For trajectories of T = 10, 30, 50 actions (random policy in the built-in household environment, default config), the
+states h_0..h_{T−1}, three peers on one copy of the weights:
+  (a) generative, per prefix — ``GenerativeMeter.generate([h_t])`` for each t, one prefix per call (what ``score
+      --per-prefix`` does): each prompt is prefilled from scratch and the answer decoded greedily (up to 32 tokens;
+      the untrained model rarely stops early);
+  (s) generative, shared prefix — ``generate_trajectories`` (what ``score`` does by default): the trajectory's
+      longest prompt prefilled once, each state's closing read on its cache, all answers decoded together;
   (b) regression — ``RegressionMeter`` windows over the same trajectory reading h_0..h_{T−1} in one forward pass.
-Reported: wall time, tokens processed (prompt + generated for (a), window tokens for (b)), the ratio a ÷ b, and (b)'s
-tokens relative to the trajectory's own serialized length (goal ≤ 1.05). Goal at T = 30: a ÷ b ≥ 10.
+Reported: wall time of each, the ratios a ÷ s (goal at T = 30: ≥ 10) and a ÷ b, whether (s) wrote (a)'s answers,
+and tokens: (a) prompt + answer tokens, (s) tokens prefilled (base and closings; its draft and decoded tokens beside
+it) relative to the longest prompt (h_{T−1}'s; goal ≤ 1.2), and (b) window tokens relative to the trajectory's own
+serialized length (goal ≤ 1.05).
 
 ``--guidance K`` instead times what test-time guidance (E.5) asks of the regression meter at step T: the readings of K
 candidate histories that share h_T and differ in their last action and observation. Peers, same windows
@@ -30,6 +35,7 @@ import time
 
 import torch
 
+from deltattg.data.trajectory import assistant_indices
 from deltattg.envs.household import HouseholdConfig, HouseholdEnv
 from deltattg.hf import load_causal_lm, load_tokenizer
 from deltattg.meter.answer import parse_answer
@@ -54,17 +60,31 @@ def prefixes(messages: list[dict]) -> list[list[dict]]:
     return [messages[:k] for k, m in enumerate(messages) if m["role"] == "assistant"]
 
 
-def time_generative(meter: GenerativeMeter, messages: list[dict]) -> tuple[float, int, int]:
-    """Seconds to score every decision state on its own (what ``score`` does: prompt, greedy answer, strict parse),
-    tokens processed (counted after the timed loop: prompt + answer + end of turn) and how many answers parsed."""
+def time_generative(meter: GenerativeMeter, messages: list[dict]) -> tuple[float, int, list[str]]:
+    """Seconds to score every decision state on its own (what ``score --per-prefix`` does: prompt, greedy answer,
+    strict parse), tokens processed (counted after the timed loop: prompt + answer + end of turn) and the answers."""
     histories = prefixes(messages)
     start = time.perf_counter()
     answers = [meter.generate([history])[0] for history in histories]
-    readings = [parse_answer(text) for text in answers]
+    [parse_answer(text) for text in answers]
     seconds = time.perf_counter() - start
     count = lambda text: len(meter.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     tokens = sum(count(p) for p in meter.prompts(histories)) + sum(count(a) + 1 for a in answers)
-    return seconds, tokens, sum(r is not None for r in readings)
+    return seconds, tokens, answers
+
+
+def time_shared_prefix(meter: GenerativeMeter, messages: list[dict]) -> tuple[float, list[str], object, int]:
+    """Seconds to read h_0..h_{T−1} on one shared cache (``generate_trajectories`` of the messages before the last
+    action), the answers, the tokens the decoder read (``PrefixStats``) and the length of the longest prompt (h_{T−1}'s:
+    what reading the last state alone costs, the trajectory's own length as the generative meter sees it)."""
+    before_last = messages[: assistant_indices(messages)[-1]]
+    start = time.perf_counter()
+    (answers,) = meter.generate_trajectories([before_last])
+    readings = [parse_answer(text) for text in answers]
+    seconds = time.perf_counter() - start
+    assert len(readings) == len(prefixes(messages))
+    last = meter.tokenizer(meter.prompts(prefixes(messages)[-1:])[0], add_special_tokens=False)["input_ids"]
+    return seconds, answers, meter.prefix_stats, len(last)
 
 
 def time_regression(meter: RegressionMeter, messages: list[dict]) -> tuple[float, int, int]:
@@ -145,16 +165,18 @@ def main() -> None:
     regression = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=8192)).eval()
     print(f"backbone SmolLM2-135M (one copy of the weights shared by both meters), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    print(f"{'T':>4}  {'(a) gen s':>10}  {'(a) tokens':>10}  {'(b) reg s':>10}  {'(b) tokens':>10}  "
-          f"{'(b)/own':>8}  {'time a/b':>9}  {'tokens a/b':>10}")
+    print(f"{'T':>4}  {'(a) s':>7}  {'(s) s':>7}  {'(b) s':>7}  {'a/s':>6}  {'a/b':>6}  {'(a) tokens':>10}  "
+          f"{'(s) prefill':>11}  {'(s)/last':>8}  {'draft+dec':>9}  {'(b) tokens':>10}  {'(b)/own':>7}  same answers")
     for steps in args.lengths:
         messages = trajectory_of_length(steps, args.seed)
         time_regression(regression, messages)  # warm-up
         b_seconds, b_tokens, own = time_regression(regression, messages)
-        a_seconds, a_tokens, parsed = time_generative(generative, messages)
-        print(f"{steps:>4}  {a_seconds:>10.1f}  {a_tokens:>10,}  {b_seconds:>10.2f}  {b_tokens:>10,}  "
-              f"{b_tokens / own:>8.3f}  {a_seconds / b_seconds:>9.1f}  {a_tokens / b_tokens:>10.1f}"
-              f"   ({parsed}/{steps} generative answers parsed)")
+        a_seconds, a_tokens, answers = time_generative(generative, messages)
+        s_seconds, shared_answers, stats, last = time_shared_prefix(generative, messages)
+        same = sum(x == y for x, y in zip(answers, shared_answers))
+        print(f"{steps:>4}  {a_seconds:>7.1f}  {s_seconds:>7.2f}  {b_seconds:>7.2f}  {a_seconds / s_seconds:>6.1f}  "
+              f"{a_seconds / b_seconds:>6.1f}  {a_tokens:>10,}  {stats.prefilled:>11,}  {stats.prefilled / last:>8.3f}  "
+              f"{stats.drafted + stats.decoded:>9,}  {b_tokens:>10,}  {b_tokens / own:>7.3f}  {same}/{steps}")
 
 
 if __name__ == "__main__":

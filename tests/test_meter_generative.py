@@ -13,11 +13,19 @@ import math
 import pytest
 import torch
 
-from deltattg.data.trajectory import MeterOutput, Trajectory
+from deltattg.data.trajectory import MeterOutput, Trajectory, state_prefixes
+from deltattg.hf import common_prefix_length
 from deltattg.meter.answer import LOGIT_PREFIX, format_answer, parse_answer
 from deltattg.meter.base import CachedMeter, Meter
-from deltattg.meter.generative import CONFIG_NAME, GenerativeMeter, logit_readout_ids, read_meter_config
+from deltattg.meter.generative import (
+    CONFIG_NAME,
+    GenerativeMeter,
+    history_tokens,
+    logit_readout_ids,
+    read_meter_config,
+)
 from deltattg.meter.prompt import PROMPT_VERSION, meter_messages, render_prompt
+from deltattg.meter.shared_prefix import Row, SharedPrefixDecoder, plan_bases
 from deltattg.meter.train_generative import (
     grpo_config,
     meter_dataset,
@@ -401,6 +409,132 @@ def test_meter_dataset_from_trajectories():
     assert data["prompt"][1] == meter_messages(messages[:3], meter.tokenizer, BUDGET)
 
 
+# ---- every state of a trajectory on one shared key/value cache ------------------------------------------------------
+
+TRAJECTORIES = [  # of different lengths; their states include the EXAMPLES the sft fixture learned
+    history("put a mug in the cabinet", ("go to the table", "you see a mug")),
+    history("find the red key", ("open the drawer", "it is empty"), ("look under the bed", "you see a red key")),
+    history("find the red key"),  # no action: only its final state h_0
+]
+
+
+def test_plan_bases_by_hand():
+    prompts = [[1, 2, 3], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6], [1, 9, 9, 9, 9, 9], [1, 9, 9, 9, 9, 9, 7]]
+    assert plan_bases(prompts, [2, 4, 5, 5, 6]) == [(2, [0, 1, 2]), (4, [3, 4])]  # prompt 2 shares 1 id with 4
+    assert plan_bases(prompts, [1, 1, 1, 1, 6]) == [(4, [0, 1, 2, 3, 4])]
+    assert plan_bases([], []) == []
+
+
+def test_shared_prefix_decoder_equals_generate_with_drafts_kept_as_far_as_greedy_agrees():
+    """Five prompts branching off one base at different points (one equal to a prefix of it); drafts that greedy
+    accepts whole, in part and not at all: every answer equals ``generate``'s own greedy answer."""
+    from deltattg.tiny import byte_tokenizer, tiny_llama
+
+    tokenizer = byte_tokenizer()
+    model = tiny_llama(tokenizer, hidden=64, layers=2, heads=4, seed=1)
+    with torch.no_grad():  # sharper logits: answers that depend on the prompt, not one repeated token
+        for p in model.parameters():
+            p.mul_(4.0)
+    rng = torch.Generator().manual_seed(0)
+    base = torch.randint(3, 200, (120,), generator=rng).tolist()
+    prompts = [base[:k] + torch.randint(3, 200, (n,), generator=rng).tolist()
+               for k, n in [(10, 3), (40, 1), (41, 7), (80, 0), (119, 2)]]  # fmt: skip
+    stop = [tokenizer.eos_token_id]
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=stop,
+                               pad_token_id=0)[0, len(p):].tolist() for p in prompts]  # fmt: skip
+    assert len({tuple(e) for e in expected}) == len(prompts)
+    drafts = [expected[0][:4], expected[1][:2] + [5], [5, 6], [], expected[4][:1]]
+    decoder = SharedPrefixDecoder(model.eval(), max_new_tokens=9, stop_ids=stop)
+    rows = [Row(min(common_prefix_length(p, base), len(p) - 1), [], d) for p, d in zip(prompts, drafts)]
+    for row, p in zip(rows, prompts):
+        row.pending = p[row.cached :]
+    decoder.prefill(base[: max(row.cached for row in rows)])
+    decoder.answer(rows)
+    assert [row.answer for row in rows] == expected
+    assert decoder.stats.prefilled == 119 + sum(len(row.pending) for row in rows)
+    assert decoder.cache.get_seq_length() == 119  # the answers' tokens are gone again
+    assert decoder.stats.decoded == sum(9 - min(common_prefix_length(e, d), 8) - 1 for e, d in zip(expected, drafts))
+
+
+def test_shared_prefix_readings_equal_per_prefix(sft):
+    """``score_trajectories`` (one cache per trajectory) gives every state the reading ``score`` gives it alone:
+    the same answers and the same E.4 logit, reading far fewer prompt tokens."""
+    trained = sft["meter"]
+    both = GenerativeMeter(trained.model, trained.tokenizer, max_prompt_tokens=BUDGET, max_new_tokens=ANSWER_TOKENS,
+                           readout="both")  # fmt: skip
+    states = [state_prefixes(t, terminal=True) for t in TRAJECTORIES]
+    shared = both.score_trajectories(TRAJECTORIES)
+    alone = [both.score(s) for s in states]
+    assert [len(row) for row in shared] == [2, 3, 1]
+    assert sum(r is not None for row in shared for r in row) >= 4  # the learned EXAMPLES parse
+    for ours, theirs in zip(shared, alone):
+        assert [(r.can_complete, r.tokens_to_go) if r else None for r in ours] == \
+            [(r.can_complete, r.tokens_to_go) if r else None for r in theirs]
+        assert [r.logit for r in ours if r] == pytest.approx([r.logit for r in theirs if r], abs=1e-4)
+    assert both.generate_trajectories(TRAJECTORIES) == [both.generate(s) for s in states]
+    prompt_tokens = sum(len(ids) for s in states for ids in trained.tokenizer(both.prompts(s))["input_ids"])
+    assert both.prefix_stats.prefilled < 0.6 * prompt_tokens
+
+
+def test_shared_prefix_restarts_where_the_window_drops_turns(sft):
+    """With a budget that holds the task and two turns, the later states' prompts drop old turns: they start bases
+    of their own, and every state still reads what its own prompt says."""
+    trained = sft["meter"]
+    long = history("find the red key", *[(f"open drawer {k}", f"drawer {k} is empty") for k in range(1, 7)])
+    logit = GenerativeMeter(trained.model, trained.tokenizer, max_prompt_tokens=260, max_new_tokens=ANSWER_TOKENS,
+                            readout="logit")  # fmt: skip
+    states = state_prefixes(long, terminal=True)
+    prompts = logit.prompts(states)
+    assert "earlier turn" in prompts[-1] and "earlier turn" not in prompts[0]
+    ids = trained.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    assert len(plan_bases(ids, [history_tokens(trained.tokenizer, p) for p in prompts])) > 1
+    (shared,) = logit.score_trajectories([long])
+    assert [r.logit for r in shared] == pytest.approx(logit.logits(states), abs=1e-4)
+    assert logit.generate_trajectories([long]) == [logit.generate(states)]
+
+
+def test_cached_trajectory_meter_reads_a_trajectory_once_and_contains_failures(sft, tmp_path):
+    from deltattg.meter.base import CachedTrajectoryMeter
+    from deltattg.meter.cache import ScoreCache
+
+    trained = sft["meter"]
+    expected = trained.score_trajectories(TRAJECTORIES)
+    with ScoreCache(tmp_path / "c.sqlite") as cache:
+        cached = CachedTrajectoryMeter(trained, cache, cache_invalid=True)
+        assert cached.score_trajectories(TRAJECTORIES + TRAJECTORIES[:1]) == expected + expected[:1]
+        assert cached.stats.scored == 6  # 2 + 3 + 1 states, the repeated trajectory read once
+        again = CachedTrajectoryMeter(trained, cache, cache_invalid=True)
+        assert again.score_trajectories(TRAJECTORIES) == expected and again.stats.scored == 0
+
+    class Broken:
+        meter_id = "broken"
+
+        def score_trajectories(self, trajectories):
+            raise RuntimeError("out of memory")
+
+    broken = CachedTrajectoryMeter(Broken())  # type: ignore[arg-type]
+    assert broken.score_trajectories(TRAJECTORIES[:2]) == [[None, None], [None, None, None]]
+    assert broken.stats.backend_errors == 1 and broken.stats.invalid == 5
+
+
+def test_score_reads_the_same_on_a_shared_prefix_as_per_prefix(sft, tmp_path):
+    """``deltattg score --meter GEN`` (shared prefix, the default) and ``--per-prefix`` write the same readings."""
+    from deltattg.cli import main
+
+    src = tmp_path / "trajectories.jsonl"
+    records = [{"id": f"t{k}", "group": "g", "reward": float(k % 2), "success": k % 2 == 1, "messages": t}
+               for k, t in enumerate(TRAJECTORIES)]  # fmt: skip
+    src.write_text("".join(json.dumps(record) + "\n" for record in records))
+    written = []
+    for flags in ([], ["--per-prefix"]):
+        out = tmp_path / f"scored{len(flags)}.jsonl"
+        assert main(["score", str(src), "--meter", str(sft["dir"]), "--out", str(out), "--no-progress", *flags]) == 0
+        written.append([json.loads(line)["meter"] for line in out.read_text().splitlines()])
+    assert [len(m) for m in written[0]] == [1, 2, 0]
+    assert sum(r is not None for m in written[0] for r in m) == 3
+    assert written[0] == written[1]
+
+
 # ---- the real offline model ------------------------------------------------------------------------------------------
 
 
@@ -416,3 +550,34 @@ def test_smollm2_scores_real_prefixes(hotpotqa_path):
     assert len(readings) == 2 and all(r is None or isinstance(r, MeterOutput) for r in readings)
     assert all(math.isfinite(z) for z in meter.logits(prefixes))
     assert meter.meter_id.startswith("generative:smollm2:")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_smollm2_trains_as_a_generative_meter_and_reads_on_a_shared_prefix(tmp_path, lora):
+    """The GGUF-loaded SmolLM2 fine-tunes (issue 23, item 0): its dequantised weights carry no quantizer mark, so
+    transformers' Trainer and peft accept it. One SFT step and one GRPO step (LoRA merged in), then the saved meter
+    reads a household trajectory's states on one shared cache exactly as prefix by prefix (a 256-token window, so
+    old turns drop)."""
+    from conftest import collect_household
+    from deltattg.data.sources import read_trajectory_file
+    from deltattg.meter.commands import train_generative
+
+    needs_smollm2()
+    pool = collect_household(tmp_path / "pool.jsonl", ["expert:0.3"], 2, "--max-turns", "6", "--tokenizer", "smollm2")
+    items = read_trajectory_file(str(pool)).items
+    out = tmp_path / "meter"
+    settings = {"max_steps": 1, "per_device_train_batch_size": 2, "num_generations": 2, "use_cpu": True,
+                "gradient_checkpointing": False, "disable_tqdm": True, "save_strategy": "no"}  # fmt: skip
+    sft_only = {k: v for k, v in settings.items() if k != "num_generations"}
+    train_generative(items[:1], "smollm2", str(out / "sft"), stage="sft", max_prompt_tokens=256, lora=lora,
+                     train_settings=sft_only)  # fmt: skip
+    train_generative(items[:1], str(out / "sft"), str(out / "grpo"), stage="grpo", max_prompt_tokens=256, lora=lora,
+                     train_settings=settings)
+    meter = GenerativeMeter.from_pretrained(str(out / "grpo"), readout="both", max_new_tokens=12)
+    assert not getattr(meter.model, "is_quantized", False)
+    messages = items[0].trajectory.messages
+    states = state_prefixes(messages, terminal=True)
+    assert meter.generate_trajectories([messages]) == [meter.generate(states)]
+    (shared,) = meter.score_trajectories([messages])
+    assert [r and r.logit for r in shared] == pytest.approx([r and r.logit for r in meter.score(states)], abs=1e-3)

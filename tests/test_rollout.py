@@ -150,7 +150,8 @@ def test_prefix_cache_plays_the_same_greedy_episodes_and_prefills_only_what_is_n
 
 
 def test_prefix_cache_finds_the_longest_shared_prefix_and_keeps_the_most_recent():
-    from deltattg.rollout.policies import PrefixCache, common_prefix
+    from deltattg.hf import common_prefix_length
+    from deltattg.rollout.policies import PrefixCache
 
     class Cache:  # the two calls PrefixCache makes of a transformers cache
         def __init__(self, n):
@@ -173,7 +174,7 @@ def test_prefix_cache_finds_the_longest_shared_prefix_and_keeps_the_most_recent(
     assert cache.lookup([7, 8]) == (None, 0)
     cache.store([5, 6], Cache(2))  # [1, 2, 9] was used least recently: dropped
     assert list(cache.entries) == [(1, 2, 3, 4), (5, 6)]
-    assert common_prefix([1, 2, 3], [1, 2]) == 2 and common_prefix([], [1]) == 0
+    assert common_prefix_length([1, 2, 3], [1, 2]) == 2 and common_prefix_length([], [1]) == 0
 
 
 # ---- the random policy in tool environments (BFCL, τ²): tool calls, not "look" ---------------------------------------

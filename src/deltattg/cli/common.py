@@ -159,7 +159,10 @@ def add_meter_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--meter-timeout", type=positive_float, default=60.0, metavar="SECONDS",
                    help="with an endpoint URL: the most one reading may take, retries and slow answers included; "
                    "a reading that runs out is null (default 60)")
-    p.add_argument("--cache", help="SQLite file caching readings across runs (prefix-by-prefix meters)")
+    p.add_argument("--cache", help="SQLite file caching readings across runs (generative and endpoint meters)")
+    p.add_argument("--per-prefix", action="store_true",
+                   help="an in-process generative meter reads each decision prefix as its own prompt (for "
+                   "comparison; default: all states of a trajectory on one shared key/value cache, same answers)")
     p.add_argument("--oracle-noise", type=number(float, low=0, high=10), default=0.0, metavar="SIGMA",
                    help="--meter oracle: multiply each tokens_to_go by exp(SIGMA*z), z ~ N(0,1) (default 0)")
     p.add_argument("--oracle-flip", type=probability, default=0.0, metavar="P",
@@ -187,7 +190,7 @@ def meter_of(args: argparse.Namespace):
                               false_negative=args.oracle_false_negative, missed_failure=args.oracle_missed_failure)
         if args.meter == ORACLE and getattr(args, "tokenizer", None) is None:
             raise ValueError("--meter oracle counts Token-to-Go with --tokenizer NAME_OR_PATH (the one `labels` uses)")
-        return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache,
+        return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache, per_prefix=args.per_prefix,
                           endpoint_timeout_s=getattr(args, "meter_timeout", 60.0),
                           tokenizer=getattr(args, "tokenizer", None), oracle=oracle)
     except ValueError as exc:

@@ -147,6 +147,12 @@ def assistant_indices(messages: list[dict]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
 
 
+def state_prefixes(messages: list[dict], terminal: bool) -> list[list[dict]]:
+    """The decision prefixes h_0..h_{T−1} (each ends before an action), and h_T with ``terminal``."""
+    cuts = assistant_indices(messages) + ([len(messages)] if terminal else [])
+    return [messages[:k] for k in cuts]
+
+
 def action_texts(trajectory: Trajectory) -> list[str]:
     """The text of each action (assistant message), t = 0..T−1: a list of content parts joined (:func:`text_of`);
     empty when the record has no messages."""

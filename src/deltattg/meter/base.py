@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from deltattg.data.trajectory import MeterOutput
+from deltattg.data.trajectory import MeterOutput, state_prefixes
 from deltattg.meter.cache import ScoreCache
 from deltattg.meter.prompt import prefix_hash
 
@@ -105,12 +105,15 @@ class CachedMeter:
             if len(out) != len(histories):
                 raise ValueError(f"returned {len(out)} readings for {len(histories)} histories")
         except Exception:  # a backend failure must not reach the training loop
-            logger.exception("meter %s failed on a chunk of %d prefixes", self.meter_id, len(histories))
-            self.stats.backend_errors += 1
-            self.stats.invalid += len(histories)
+            self._failed(len(histories))
             return None
         self.stats.invalid += sum(reading is None for reading in out)
         return out
+
+    def _failed(self, prefixes: int) -> None:
+        logger.exception("meter %s failed on a chunk of %d prefixes", self.meter_id, prefixes)
+        self.stats.backend_errors += 1
+        self.stats.invalid += prefixes
 
     def _store(self, readings: dict[str, MeterOutput | None]) -> None:
         if self.cache is None:
@@ -118,3 +121,37 @@ class CachedMeter:
         keep = {key: r for key, r in readings.items() if r is not None or self.cache_invalid}
         if keep:
             self.cache.put_many(self.meter_id, keep)
+
+
+class CachedTrajectoryMeter(CachedMeter):
+    """A :class:`CachedMeter` over a backend that reads all decision states of a trajectory together
+    (``score_trajectories``: the generative meter on one shared key/value cache). A trajectory whose every state is
+    cached is not read; any other is read whole, ``batch_size`` trajectories per backend call, and all its states'
+    readings are stored. ``score`` (guidance's candidates) still reads prefix by prefix."""
+
+    def score_trajectories(self, trajectories: Sequence[list[dict]]) -> list[list[MeterOutput | None]]:
+        """Readings of states t = 0..T of each trajectory (T + 1 each); ``None`` for an invalid one. Never raises for
+        the backend's sake: a failed call leaves its trajectories' readings ``None``."""
+        keys = [[prefix_hash(h) for h in state_prefixes(list(m), terminal=True)] for m in trajectories]
+        distinct = {key for row in keys for key in row}
+        readings = self.cache.get_many(self.meter_id, distinct) if self.cache is not None else {}
+        self.stats.requested += sum(map(len, keys))
+        self.stats.distinct += len(distinct)
+        self.stats.cache_hits += len(readings)
+        missing = list({keys[i][-1]: i for i, row in enumerate(keys) if any(k not in readings for k in row)}.values())
+        for start in range(0, len(missing), self.batch_size):
+            chunk = missing[start : start + self.batch_size]
+            states = sum(len(keys[i]) for i in chunk)
+            self.stats.scored += states
+            try:
+                out = self.meter.score_trajectories([trajectories[i] for i in chunk])  # type: ignore[attr-defined]
+                if [len(row) for row in out] != [len(keys[i]) for i in chunk]:
+                    raise ValueError("returned the wrong number of readings")
+            except Exception:  # a backend failure must not reach the training loop
+                self._failed(states)
+                continue
+            fresh = {key: reading for i, row in zip(chunk, out) for key, reading in zip(keys[i], row)}
+            self.stats.invalid += sum(r is None for row in out for r in row)
+            readings.update(fresh)
+            self._store(fresh)
+        return [[readings.get(key) for key in row] for row in keys]

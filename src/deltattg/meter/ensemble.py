@@ -12,9 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from deltattg.data.trajectory import MeterOutput
+from deltattg.data.trajectory import MeterOutput, state_prefixes
 from deltattg.meter.base import Meter
-from deltattg.meter.loading import state_prefixes
 
 
 def member_probability(reading: MeterOutput) -> float:

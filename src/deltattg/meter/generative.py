@@ -14,6 +14,11 @@ their shared tokens. For the BPEs above that is the token right after the prefix
 it is shared by both answers, so conditioning on it leaves z the log-ratio of the two answers' first distinct tokens
 (log p(" true") − log p(" false") = log p(true | " ") − log p(false | " ")).
 
+:meth:`GenerativeMeter.score_trajectories` reads every state of a trajectory on one shared key/value cache
+(:mod:`~deltattg.meter.shared_prefix`: the longest prompt prefilled once, each state's closing and answer on its cache,
+the E.4 logit read in the same pass); :meth:`~GenerativeMeter.score` reads each prefix as its own prompt (guidance's
+candidates, ``score --per-prefix``). Both give the same greedy answers up to float rounding.
+
 A checkpoint is an HF folder (``save_pretrained`` of model and tokenizer) plus ``meter_config.json``
 (``kind = "generative"``, the prompt version it was trained on, its prompt and answer budgets).
 """
@@ -29,9 +34,10 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from deltattg.data.trajectory import MeterOutput
+from deltattg.data.trajectory import MeterOutput, state_prefixes
+from deltattg.hf import common_prefix_length
 from deltattg.meter.answer import format_answer, parse_answer
-from deltattg.meter.prompt import PROMPT_VERSION, meter_messages, render_prompt
+from deltattg.meter.prompt import HISTORY_END, PROMPT_VERSION, meter_messages, render_prompt
 
 CONFIG_NAME = "meter_config.json"
 KIND = "generative"
@@ -39,11 +45,6 @@ DEFAULT_MAX_NEW_TOKENS = 32  # the longest answer (16 digits) is 32 tokens where
 
 Readout = Literal["answer", "logit", "both"]
 READOUTS: tuple[str, ...] = get_args(Readout)
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids ``a`` and ``b`` share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def logit_readout_ids(tokenizer: Any, prompt: str) -> tuple[list[int], int, int]:
@@ -58,6 +59,20 @@ def logit_readout_ids(tokenizer: Any, prompt: str) -> tuple[list[int], int, int]
     )
     shared = common_prefix_length(yes, no)
     return list(yes[:shared]), yes[shared], no[shared]
+
+
+def history_tokens(tokenizer: Any, prompt: str, slack: int = 4) -> int:
+    """How many leading tokens of ``prompt`` hold the instruction and the history (all but its closing: the end of
+    history, turns left, the answer reminder and the template's end of turn), less ``slack`` tokens that may merge
+    differently across the boundary."""
+    history = prompt[: prompt.rindex(HISTORY_END)] if HISTORY_END in prompt else prompt
+    return max(len(tokenizer(history, add_special_tokens=False)["input_ids"]) - slack, 0)
+
+
+def draft_of(prompt_ids: Sequence[int], context: Sequence[int]) -> list[int]:
+    """The tokens the E.4 readout's context adds after the prompt's own ids (``[]`` where tokenizing the two texts
+    together changed the prompt's last ids: that readout then needs its own pass)."""
+    return list(context[len(prompt_ids) :]) if list(context[: len(prompt_ids)]) == list(prompt_ids) else []
 
 
 def answer_text(ids: Sequence[int], stop_ids: Sequence[int], tokenizer: Any) -> str:
@@ -168,6 +183,7 @@ class GenerativeMeter:
         self.turn_limit = turn_limit  # the episodes' turn limit: each prompt states the turns left
         self.stop_ids = stop_token_ids(model, tokenizer)
         self._digest: tuple[tuple, str] | None = None
+        self.prefix_stats: Any = None  # tokens read by the latest score_trajectories (a PrefixStats)
 
     @classmethod
     def from_pretrained(
@@ -226,12 +242,60 @@ class GenerativeMeter:
     def score(self, histories: Sequence[list[dict]]) -> list[MeterOutput | None]:
         """One reading per history, in order (see the class doc for ``readout``)."""
         prompts = self.prompts(histories)
+        answers = [None] * len(prompts) if self.readout == "logit" else self._generate(prompts)
+        logits = [None] * len(prompts) if self.readout == "answer" else self._logits(prompts)
+        return [self._reading(answer, z) for answer, z in zip(answers, logits)]
+
+    def score_trajectories(self, trajectories: Sequence[list[dict]]) -> list[list[MeterOutput | None]]:
+        """Readings of every decision state t = 0..T of each trajectory's messages (T + 1 each, h_T after the last
+        action), all of a trajectory's prompts read on one shared key/value cache
+        (:mod:`~deltattg.meter.shared_prefix`); equal to :meth:`score` of each prefix up to float rounding."""
+        answers, logits = self._read_trajectories(trajectories, self.readout != "logit", self.readout != "answer")
+        return [[self._reading(a, z) for a, z in zip(*row)] for row in zip(answers, logits)]
+
+    def generate_trajectories(self, trajectories: Sequence[list[dict]]) -> list[list[str]]:
+        """The raw greedy answer text for every decision state t = 0..T of each trajectory, read as
+        :meth:`score_trajectories` reads them (:meth:`generate`'s texts, up to float rounding)."""
+        return self._read_trajectories(trajectories, True, False)[0]
+
+    @torch.inference_mode()
+    def _read_trajectories(self, trajectories: Sequence[list[dict]], answers: bool,
+                           logits: bool) -> tuple[list[list[str]], list[list[float | None]]]:  # fmt: skip
+        """Greedy answers (``""`` where not asked) and E.4 logits (``None`` where not asked) of every state of each
+        trajectory, the states of a trajectory on one shared key/value cache (:class:`SharedPrefixDecoder`); the
+        cache carries over between trajectories, so the instruction, and a group's task, are read once."""
+        from deltattg.meter.shared_prefix import Row, SharedPrefixDecoder, plan_bases
+
+        decoder = SharedPrefixDecoder(self.model, max_new_tokens=self.max_new_tokens, stop_ids=self.stop_ids)
+        self.prefix_stats = decoder.stats  # tokens read by this call
+        texts, zs = [], []
+        for messages in trajectories:
+            prompts = self.prompts(state_prefixes(messages, terminal=True))
+            ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+            text, z = [""] * len(ids), [None] * len(ids)
+            for base, members in plan_bases(ids, [history_tokens(self.tokenizer, p) for p in prompts]):
+                reads = [logit_readout_ids(self.tokenizer, prompts[k]) for k in members]
+                rows = [Row(cached, ids[k][cached:], draft_of(ids[k], context))
+                        for k, (context, _, _) in zip(members, reads)
+                        for cached in [min(common_prefix_length(ids[k], ids[base]), len(ids[k]) - 1)]]  # fmt: skip
+                decoder.prefill(ids[base][: max(row.cached for row in rows)])
+                decoder.answer(rows, decode=answers)
+                for k, row, (_, true_id, false_id) in zip(members, rows, reads):
+                    if answers:
+                        text[k] = answer_text(row.answer, self.stop_ids, self.tokenizer)
+                    if logits:  # a prompt whose readout context re-tokenizes its end gets its own pass
+                        z[k] = (float(row.draft_logprobs[true_id] - row.draft_logprobs[false_id]) if row.draft
+                                else self._logits([prompts[k]])[0])  # fmt: skip
+            texts.append(text)
+            zs.append(z)
+        return texts, zs
+
+    def _reading(self, answer: str | None, z: float | None) -> MeterOutput | None:
+        """One reading from a greedy answer and the E.4 logit, as ``readout`` asks."""
         if self.readout == "logit":
-            return [MeterOutput(logit=z) for z in self._logits(prompts)]
-        readings = [parse_answer(text) for text in self._generate(prompts)]
-        if self.readout == "both":
-            readings = [None if r is None else replace(r, logit=z) for r, z in zip(readings, self._logits(prompts))]
-        return readings
+            return MeterOutput(logit=z)
+        reading = parse_answer(answer)
+        return reading if self.readout == "answer" or reading is None else replace(reading, logit=z)
 
     def generate(self, histories: Sequence[list[dict]]) -> list[str]:
         """The raw greedy answer text for each history (end-of-turn token and padding removed)."""

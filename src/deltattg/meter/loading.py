@@ -3,7 +3,9 @@
 ``load_meter`` accepts a saved folder (its ``meter_config.json`` says which kind), a bare HF model id/path/spec (an
 untrained generative meter: E.4's "− meter training" row) or an OpenAI-compatible endpoint URL. Meters that read
 prefix by prefix come wrapped in a deduplicating, failure-containing ``CachedMeter`` (optionally with a persistent
-SQLite cache); the regression meter reads every state of a trajectory in one pass and needs neither.
+SQLite cache); the in-process generative meter reads all states of a trajectory on one shared key/value cache (its
+wrapper caches them trajectory by trajectory); the regression meter reads every state of a trajectory in one pass and
+needs neither.
 
 ``read_states`` is Algorithm 1's lines 9–10: the decision states of the queried trajectories, in one batched call.
 """
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltattg.data.trajectory import MeterOutput, Trajectory, assistant_indices
-from deltattg.meter.base import CachedMeter, Meter
+from deltattg.data.trajectory import MeterOutput, Trajectory, state_prefixes
+from deltattg.meter.base import CachedMeter, CachedTrajectoryMeter, Meter
 from deltattg.meter.prompt import prefix_hash
 
 CONFIG_NAME = "meter_config.json"
@@ -152,12 +154,15 @@ def load_meter(
     tokenizer: Any = None,
     oracle: Any = None,
     turn_limit: int | None = None,
+    per_prefix: bool = False,
 ) -> Meter:
     """A ready-to-read meter from a folder, a model spec, an ``http(s)://`` endpoint (``endpoint_model`` names
     the served model, ``endpoint_timeout_s`` the deadline of one reading, retries included) or ``oracle`` (the
     household planner; ``tokenizer``, an object or spec, counts its tokens; ``oracle`` is its ``OracleConfig``);
     ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file; ``turn_limit`` the turn
-    limit an endpoint's meter was trained under (a saved meter keeps its own). Several specs joined by commas
+    limit an endpoint's meter was trained under (a saved meter keeps its own); ``per_prefix`` makes an in-process
+    generative meter read each decision prefix as its own prompt instead of a trajectory's states on one shared
+    key/value cache (the same greedy answers, T prefills instead of one). Several specs joined by commas
     (``a,b,c``) make a pessimistic ensemble of those meters (:class:`~deltattg.meter.ensemble.MeterEnsemble`)."""
     from deltattg.meter.cache import ScoreCache
 
@@ -166,7 +171,8 @@ def load_meter(
         from deltattg.meter.ensemble import MeterEnsemble
 
         members = [load_meter(part, endpoint_model=endpoint_model, endpoint_timeout_s=endpoint_timeout_s,
-                              device=device, readout=readout, tokenizer=tokenizer, oracle=oracle, turn_limit=turn_limit)
+                              device=device, readout=readout, tokenizer=tokenizer, oracle=oracle, turn_limit=turn_limit,
+                              per_prefix=per_prefix)
                    for part in spec.split(",") if part]  # fmt: skip
         return MeterEnsemble(members)
     if spec == "oracle":
@@ -201,7 +207,8 @@ def load_meter(
     # Greedy in-process answers repeat, invalid ones included: cache them too. The cache file is created only once
     # the meter loaded, so a mistyped spec leaves nothing behind.
     meter = GenerativeMeter.from_pretrained(spec, device=device, readout=readout)
-    return CachedMeter(meter, ScoreCache(cache) if cache else None, cache_invalid=True)
+    wrapper = CachedMeter if per_prefix else CachedTrajectoryMeter
+    return wrapper(meter, ScoreCache(cache) if cache else None, cache_invalid=True)
 
 
 @dataclass
@@ -210,12 +217,6 @@ class ReadStats:
     states: int = 0  # their decision states
     sent: int = 0  # distinct items sent to the meter: trajectories (one-pass meters) or prefixes
     invalid: int = 0  # invalid readings among the queried states
-
-
-def state_prefixes(messages: list[dict], terminal: bool) -> list[list[dict]]:
-    """h_0..h_{T−1} (and h_T with ``terminal``)."""
-    cuts = assistant_indices(messages) + ([len(messages)] if terminal else [])
-    return [messages[:k] for k in cuts]
 
 
 def read_states(

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from deltattg.envs.base import HasExpert, HasMistakes
-from deltattg.hf import cache_argument
+from deltattg.hf import cache_argument, common_prefix_length
 from deltattg.rollout.engine import Action, Episode
 from deltattg.rollout.prompts import PromptConfig, episode_prompt, parse_react_action
 from deltattg.rollout.random_calls import HasToolCalls, random_reply
@@ -236,7 +236,7 @@ class PrefixCache:
         the prompt's last token, which ``generate`` must read), and its length; ``(None, 0)`` when none shares any."""
         best, length = None, 0
         for ids in self.entries:
-            shared = common_prefix(ids, prompt)
+            shared = common_prefix_length(ids, prompt)
             if shared > length:
                 best, length = ids, shared
         length = min(length, len(prompt) - 1)
@@ -253,12 +253,6 @@ class PrefixCache:
         self.entries.move_to_end(tuple(ids))
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of two id sequences."""
-    n = min(len(a), len(b))
-    return next((k for k in range(n) if a[k] != b[k]), n)
 
 
 class SampledLogprobs:
