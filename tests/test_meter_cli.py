@@ -154,6 +154,7 @@ def test_train_meter_marks_the_turns_left_calibrates_and_the_trainer_checks_the_
     config = json.loads((meter / "meter_config.json").read_text())
     report = json.loads((meter / "train_report.json").read_text())
     assert config["turn_limit"] == 6 and config["temperature"] == report["calibration"]["temperature"] > 0
+    assert (meter / "reliability.png").is_file() and report["calibration"]["bins_after"]
     assert main(["train-meter", str(src), "--out", str(tmp_path / "plain"), "--turn-limit", "none", *common]) == 0
     assert json.loads((tmp_path / "plain" / "meter_config.json").read_text())["turn_limit"] is None
     scored = tmp_path / "scored.jsonl"
@@ -277,8 +278,6 @@ def test_train_meter_checks_every_option_before_it_says_or_writes_anything(tmp_p
              (["--model", backbone, "--lora"], "--lora trains a generative meter"),
              (["--kind", "generative", "--model", str(generative), "--ensemble", "2", "--head-epochs", "3"],
               "--ensemble, --head-epochs train a regression meter"),
-             (["--kind", "generative", "--model", str(generative), "--calibration-fraction", "0.3"],
-              "--calibration-fraction trains a regression meter"),
              (["--kind", "generative", "--model", str(generative), "--max-length", "5"], "cannot hold even the meter"),
              (["--kind", "generative", "--model", str(generative), "--stage", "sft+grpo", "--batch-size", "3"],
               "must be divisible by num_generations")]  # fmt: skip
@@ -303,6 +302,36 @@ def test_a_generative_meter_is_published_whole(tmp_path, capsys):
     assert "training a generative meter on 2 trajectories" in capsys.readouterr().err
     assert {"meter_config.json", "config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
     assert not (tmp_path / ".meter.partial").exists()
+
+
+def test_a_generative_meter_calibrates_its_completion_probability(tmp_path, capsys):
+    """``--calibration-fraction`` on a generative meter: the temperature of p̃ = σ((log p(true) − log p(false)) / T)
+    is fitted on held-out tasks and saved with the meter, the report holds the ECE and the reliability diagram's
+    points, the diagram is drawn, and the saved meter reads p̃ with that temperature."""
+    from conftest import collect_household
+    from test_meter_generative import tiny_meter as tiny_generative
+
+    src = collect_household(tmp_path / "pool.jsonl", ["expert:0.5", "random"], 4, "--max-turns", "4")
+    generative = tmp_path / "generative"
+    tiny_generative().save_pretrained(generative)
+    out = tmp_path / "meter"
+    assert main(["train-meter", str(src), "--out", str(out), "--kind", "generative", "--model", str(generative),
+                 "--stage", "sft", "--max-length", "480", "--batch-size", "4", "--calibration-fraction", "0.25",
+                 "--lr", "0.005"]) == 0  # fmt: skip
+    assert "completion temperature" in capsys.readouterr().err
+    config = json.loads((out / "meter_config.json").read_text())
+    fit = json.loads((out / "train_report.json").read_text())["calibration"]
+    assert config["readout"] == "both" and config["temperature"] == fit["temperature"] > 0
+    assert fit["states"] > 0 and sum(b["states"] for b in fit["bins_after"]) == fit["states"]
+    assert (out / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from deltattg.data.trajectory import state_prefixes
+    from deltattg.meter.generative import GenerativeMeter
+
+    messages = json.loads(src.read_text().splitlines()[0])["messages"]
+    readings = GenerativeMeter.from_pretrained(str(out), readout="logit").score_trajectories([messages])[0]
+    assert len(readings) == len(state_prefixes(messages, terminal=True))
+    assert [r.probability for r in readings] == pytest.approx(
+        [1 / (1 + math.exp(-r.logit / fit["temperature"])) for r in readings])
 
 
 def test_eval_meter_and_score_refuse_input_without_states_and_an_unwritable_output_up_front(tmp_path, meter_dir,

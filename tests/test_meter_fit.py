@@ -74,3 +74,14 @@ def test_temperature_scaling_recovers_a_known_temperature():
     # ECE by hand: bins [0.0, 0.1) holds p 0.05 with outcome 0, [0.9, 1.0] holds 0.95 and 0.95 with outcomes 1, 0:
     # |0 − 0.05|·1/3 + |0.5 − 0.95|·2/3 = 0.3167.
     assert expected_calibration_error([0.05, 0.95, 0.95], [False, True, False]) == pytest.approx(0.31667, abs=1e-4)
+
+
+def test_reliability_bins_by_hand():
+    """Each non-empty bin's bounds, states, mean p̃ and outcome rate; p̃ = 1 falls in the last bin."""
+    from deltattg.meter.fit import reliability_bins
+
+    points = reliability_bins([0.05, 0.95, 1.0, 0.42], [False, True, False, True], bins=10)
+    assert [(b["lower"], b["upper"], b["states"]) for b in points] == [(0.0, 0.1, 1), (0.4, 0.5, 1), (0.9, 1.0, 2)]
+    assert [b["mean_probability"] for b in points] == pytest.approx([0.05, 0.42, 0.975])
+    assert [b["outcome_rate"] for b in points] == [0.0, 1.0, 0.5]
+    assert reliability_bins([], []) == []

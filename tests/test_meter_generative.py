@@ -318,8 +318,9 @@ def test_readouts_and_cached_meter(sft, tmp_path):
     z = trained.logits(HISTORIES)
     assert [zi > 0 for zi in z] == [a.can_complete for a in answers]  # the trained meter's z agrees with its answers
     both = GenerativeMeter.from_pretrained(str(sft["dir"]), readout="both")
-    assert both.score(HISTORIES) == [MeterOutput(a.can_complete, a.tokens_to_go, logit=pytest.approx(zi, abs=1e-4))
-                                     for a, zi in zip(answers, z)]
+    assert both.score(HISTORIES) == [MeterOutput(a.can_complete, a.tokens_to_go, logit=pytest.approx(zi, abs=1e-4),
+                                                 probability=pytest.approx(1 / (1 + math.exp(-zi)), abs=1e-4))
+                                     for a, zi in zip(answers, z)]  # fmt: skip
     only = GenerativeMeter.from_pretrained(str(sft["dir"]), readout="logit")
     assert [r.logit for r in only.score(HISTORIES)] == pytest.approx(z, abs=1e-4)
     assert all(r.can_complete is None for r in only.score(HISTORIES))

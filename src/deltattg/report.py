@@ -99,3 +99,23 @@ def save_figure(fig, path: Path, dpi: int) -> None:
     picture = figure_png(fig, dpi)
     with atomic_output(path, binary=True) as handle:
         handle.write(picture)
+
+
+def save_reliability_diagram(calibration: dict, path: Path, title: str = "completion probability") -> None:
+    """The reliability diagram of a fitted temperature (``Calibration.as_dict()``): each probability bin's outcome
+    rate against its mean p̃, before (σ(logit)) and after (σ(logit / T)) calibration, point size by states, with the
+    diagonal of a calibrated meter and both ECEs in the legend."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1)
+    t = calibration["temperature"]
+    for key, label, color in (("before", "σ(logit)", "tab:red"), ("after", f"σ(logit / {t:.2f})", "tab:blue")):
+        points = calibration[f"bins_{key}"]
+        if points:
+            ax.plot([b["mean_probability"] for b in points], [b["outcome_rate"] for b in points], color=color,
+                    marker="o", linewidth=1, label=f"{label}: ECE {calibration[f'ece_{key}']:.3f}")  # fmt: skip
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="mean predicted p̃ in bin", ylabel="share of states that completed",
+           title=f"{title} ({calibration['states']} held-out states)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=120)

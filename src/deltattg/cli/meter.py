@@ -4,6 +4,7 @@ accuracy, Spearman, agreement) and ``eval-steps`` (step quality against step lab
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,7 +40,6 @@ def _kind_options() -> dict[str, tuple[str, str, object]]:
 
     regression = {"--target": ("target", RegressionConfig.target),
                   "--ensemble": ("ensemble", RegressionConfig.ensemble), "--layer": ("layer", RegressionConfig.layer),
-                  "--calibration-fraction": ("calibration_fraction", 0.0),
                   "--pooling": ("pooling", RegressionConfig.pooling),
                   "--max-message-chars": ("max_message_chars", RegressionConfig.max_message_chars),
                   "--head-epochs": ("head_epochs", RegressionTrainConfig.head_epochs), "--full": ("full", False)}
@@ -62,7 +62,13 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     """Train a progress meter on recorded trajectories (outcomes only; step labels never enter training). Every option,
     the output folder and every record are checked before training starts or anything is printed; the meter appears
     at --out whole or not at all (built in a work folder next to it)."""
-    from deltattg.meter.commands import check_meter_output, select_split, train_generative, train_regression
+    from deltattg.meter.commands import (
+        RELIABILITY_FIGURE,
+        check_meter_output,
+        select_split,
+        train_generative,
+        train_regression,
+    )
 
     check_out(args.out, args.data, args.split, folder=True)
     _check_kind_options(args)
@@ -91,16 +97,18 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
         report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer, meter_settings=meter_settings,
                                   train_settings=train_settings, calibration=heldout)  # fmt: skip
         print(f"{report['examples']} decision states; final loss {report['final_loss']:.4f}", file=sys.stderr)
-        if "calibration" in report:
-            fit = report["calibration"]
-            print(f"completion temperature {fit['temperature']:.3f} on {fit['states']} held-out states (ECE "
-                  f"{fit['ece_before']:.3f} -> {fit['ece_after']:.3f})", file=sys.stderr)
     else:
         settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
             settings["learning_rate"] = args.lr
-        train_generative(items, args.model, args.out, stage=args.stage, count_tokenizer=tokenizer,
-                         max_prompt_tokens=args.max_length, lora=args.lora, train_settings=settings, turn_limit=limit)
+        report = train_generative(items, args.model, args.out, stage=args.stage, count_tokenizer=tokenizer,
+                                  max_prompt_tokens=args.max_length, lora=args.lora, train_settings=settings,
+                                  turn_limit=limit, calibration=heldout)  # fmt: skip
+    if "calibration" in report:
+        fit = report["calibration"]
+        print(f"completion temperature {fit['temperature']:.3f} on {fit['states']} held-out states (ECE "
+              f"{fit['ece_before']:.3f} -> {fit['ece_after']:.3f}; reliability diagram: "
+              f"{os.path.join(args.out, RELIABILITY_FIGURE)})", file=sys.stderr)
     print(f"saved the meter to {args.out}", file=sys.stderr)
     return 0
 
@@ -249,9 +257,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              "meter can then see a time-out coming). auto (default): the records' env.max_turns when "
                              "they all carry the same one (deltattg collect writes it), else none")
     train_meter.add_argument("--calibration-fraction", type=number(float, low=0, high=0.5), default=0.0, metavar="F",
-                             help="regression: hold out this fraction of the tasks (groups) from training and fit "
-                             "the completion temperature on their states, p̃ = σ(logit / T), stored with the meter "
-                             "(read by deltattg_robust's soft readout); default 0: T = 1")
+                             help="hold out this fraction of the tasks (groups) from training and fit the "
+                             "completion temperature on their states, p̃ = σ(logit / T) (generative: logit = "
+                             "log p(true) - log p(false) after {\"can_complete\":), stored with the meter and read by "
+                             "deltattg_robust's soft readout; train_report.json and reliability.png show the fit; "
+                             "default 0: T = 1")
     add_setting(train_meter, "--seed", RegressionTrainConfig, "seed", type=seed_int)
     add_tokenizer(train_meter)
     add_skip_invalid(train_meter)

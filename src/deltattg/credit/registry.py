@@ -144,8 +144,10 @@ class Estimator:
 
     @property
     def readout(self) -> str:
-        """The generative meter's readout that yields :attr:`meter_field` (answer text, or the completion logit)."""
-        return "logit" if self.meter_field == "logit" else "answer"
+        """The generative meter's readout that yields :attr:`meter_field`: the completion logit alone, or the answer
+        with the logit and the calibrated p̃ beside it (read in the same pass on a shared prefix; the robust
+        record's soft readout and trust read p̃)."""
+        return "logit" if self.meter_field == "logit" else "both"
 
     @property
     def actor_reads(self) -> frozenset[Reads]:

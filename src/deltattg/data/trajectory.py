@@ -72,6 +72,12 @@ class MeterOutput:
         return out
 
 
+def calibrated_probability(logit: float, temperature: float) -> float:
+    """p̃ = σ(logit / temperature) (temperature scaling, Guo et al. 2017), computed without overflow."""
+    z = logit / temperature
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
 @dataclass
 class Step:
     """Rollout detail of one action: what the loss and the observation-grouping estimators need."""

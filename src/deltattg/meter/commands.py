@@ -101,6 +101,9 @@ def check_meter_output(out: str, *, model: str, tokenizer: str | None = None) ->
         raise InputError(exc.message, path=out) from None
 
 
+RELIABILITY_FIGURE = "reliability.png"
+
+
 def partial_folder(out: Path) -> Path:
     """Where a meter for ``out`` is built: ``.NAME.partial`` next to it (kept by a failed or interrupted run, so the
     same command resumes from its feature cache and checkpoints)."""
@@ -208,21 +211,34 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
         announce_training("regression", len(items), meter_settings.get("turn_limit"))
         report = train_regression_meter(meter, windows, examples, settings)
         if heldout:
-            from deltattg.meter.fit import calibrate
-
-            report["calibration"] = calibrate(meter.eval(), heldout).as_dict()
+            report["calibration"] = calibrate_meter(meter.eval(), meter, heldout, work)
             meter.save_pretrained(work, include_backbone=not settings.freeze_backbone)
             (work / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
+def calibrate_meter(meter: Any, reader: Any, heldout: Sequence[Trajectory], folder: Path) -> dict:
+    """Fit ``meter``'s completion temperature on the held-out trajectories' states as ``reader`` reads them (the
+    meter itself, or a generative meter's logit-only view of the same model), set it on the meter, and draw the
+    reliability diagram to ``folder/reliability.png``; returns the fit (``Calibration.as_dict()``)."""
+    from deltattg.meter.fit import calibrate
+    from deltattg.report import save_reliability_diagram
+
+    fit = calibrate(reader, heldout).as_dict()
+    meter.set_temperature(fit["temperature"])
+    save_reliability_diagram(fit, folder / RELIABILITY_FIGURE)
+    return fit
+
+
 def train_generative(items: Sequence[Located], model: str, output_dir: str, *, stage: str, count_tokenizer: Any = None,
                      max_prompt_tokens: int | None, lora: bool, train_settings: dict[str, Any],
-                     turn_limit: int | None = None) -> None:
+                     turn_limit: int | None = None, calibration: Sequence[Located] = ()) -> dict:
     """The paper's generative meter: SFT (Eq. 3), then optionally GRPO refinement (D.2, our reconstructed reward);
-    with ``turn_limit``, every prompt states the turns left (and the meter keeps the limit). Records, the prompt
-    budget and the trainers' settings are checked before training starts; the meter appears at ``output_dir`` whole,
-    or not at all."""
+    with ``turn_limit``, every prompt states the turns left (and the meter keeps the limit); with ``calibration``
+    trajectories, the temperature of its p̃ = p(true) / (p(true) + p(false)) fitted on their states (report:
+    ``calibration``). The meter is saved reading its answer with the logit and p̃ beside it (``readout="both"``).
+    Records, the prompt budget and the trainers' settings are checked before training starts; the meter appears at
+    ``output_dir`` whole, or not at all."""
     from deltattg.meter.train_generative import train_grpo, train_sft
 
     with staged_meter_folder(output_dir) as work:
@@ -239,8 +255,15 @@ def train_generative(items: Sequence[Located], model: str, output_dir: str, *, s
             meter = train_sft(meter, dataset, sft_target, args=sft_args, peft_config=peft,
                               resume_from_checkpoint=_latest_checkpoint(sft_target))
         if grpo_args is not None:
-            train_grpo(meter, dataset, work, args=grpo_args, peft_config=peft,
-                       resume_from_checkpoint=_latest_checkpoint(work))
+            meter = train_grpo(meter, dataset, work, args=grpo_args, peft_config=peft,
+                               resume_from_checkpoint=_latest_checkpoint(work))
+        report: dict[str, Any] = {"examples": len(dataset), "stage": stage}
+        heldout = [_trajectory(item) for item in calibration]
+        if heldout:
+            report["calibration"] = calibrate_meter(meter, meter.with_settings(readout="logit"), heldout, work)
+            meter.save_config(work)
+        (work / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def _generative_data(items: Sequence[Located], model: str, count_tokenizer: Any, max_prompt_tokens: int | None,
@@ -251,7 +274,7 @@ def _generative_data(items: Sequence[Located], model: str, count_tokenizer: Any,
     from deltattg.meter.train_generative import meter_dataset, trajectory_records
 
     try:
-        meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit, **(
+        meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit, readout="both", **(
             {"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
         tokenizer = count_tokenizer or meter.tokenizer
         for item in items:

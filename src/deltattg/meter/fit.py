@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from deltattg.data.labels import remaining_sums
-from deltattg.data.trajectory import Trajectory
+from deltattg.data.trajectory import Trajectory, calibrated_probability
 from deltattg.meter.loading import read_states
 from deltattg.ranks import spearman
 
@@ -149,38 +149,49 @@ def fit_temperature(logits: Sequence[float], outcomes: Sequence[bool]) -> float:
     return float(log_t.detach().clamp(-5, 5).exp())
 
 
-def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool], bins: int = 10) -> float:
-    """ECE: Σ_b (n_b / n)·|mean outcome − mean p̃| over ``bins`` equal-width probability bins (NaN for no states)."""
+def reliability_bins(probabilities: Sequence[float], outcomes: Sequence[bool], bins: int = 10) -> list[dict]:
+    """The reliability diagram's points: for each non-empty equal-width probability bin, its bounds, its states, their
+    mean p̃ and their outcome rate (a calibrated meter's points lie on the diagonal)."""
     p = np.asarray(probabilities, dtype=float)
     y = np.asarray(outcomes, dtype=float)
-    if len(p) == 0:
-        return float("nan")
     which = np.minimum((p * bins).astype(int), bins - 1)
-    return float(sum(abs(y[which == b].mean() - p[which == b].mean()) * (which == b).mean()
-                     for b in range(bins) if (which == b).any()))  # fmt: skip
+    return [{"lower": b / bins, "upper": (b + 1) / bins, "states": int((which == b).sum()),
+             "mean_probability": float(p[which == b].mean()), "outcome_rate": float(y[which == b].mean())}
+            for b in range(bins) if (which == b).any()]  # fmt: skip
+
+
+def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool], bins: int = 10) -> float:
+    """ECE: Σ_b (n_b / n)·|mean outcome − mean p̃| over ``bins`` equal-width probability bins (NaN for no states)."""
+    points = reliability_bins(probabilities, outcomes, bins)
+    total = sum(b["states"] for b in points)
+    if not total:
+        return float("nan")
+    return float(sum(b["states"] / total * abs(b["outcome_rate"] - b["mean_probability"]) for b in points))
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A completion-probability temperature fitted on held-out states, and what it changed."""
+    """A completion-probability temperature fitted on held-out states, and what it changed: the outcomes' mean
+    negative log-likelihood, the ECE and the reliability diagram's points under σ(logit) and σ(logit / T)."""
 
     temperature: float
     states: int
-    nll_before: float  # mean negative log-likelihood of the outcomes under σ(logit)
-    nll_after: float  # ... under σ(logit / temperature)
+    nll_before: float
+    nll_after: float
     ece_before: float
     ece_after: float
+    bins_before: list[dict] = field(default_factory=list)
+    bins_after: list[dict] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 
 
 def calibrate(meter: Any, trajectories: Sequence[Trajectory]) -> Calibration:
-    """Fit the regression ``meter``'s temperature on every nonterminal decision state of the held-out
-    ``trajectories`` (labels: their outcomes), store it in the meter's config (saved with it) and return the fit."""
+    """Fit a completion temperature to ``meter``'s logits on every nonterminal decision state of the held-out
+    ``trajectories`` (labels: their outcomes). The meter is left as it is: the caller sets the temperature (a
+    generative meter is read with ``readout="logit"`` here, so that every state has a logit)."""
     import math
-
-    from deltattg.meter.regression import calibrated_probability
 
     readings, _ = read_states(meter, trajectories)
     pairs = [(r.logit, t.success) for t, row in zip(trajectories, readings) for r in row
@@ -195,7 +206,8 @@ def calibrate(meter: Any, trajectories: Sequence[Trajectory]) -> Calibration:
         eps = 1e-12
         return mean([-math.log(max(p if y else 1.0 - p, eps)) for p, y in zip(probabilities(t), outcomes)])
 
-    meter.set_temperature(temperature)
     return Calibration(temperature, len(pairs), nll(1.0), nll(temperature),
                        expected_calibration_error(probabilities(1.0), outcomes),
-                       expected_calibration_error(probabilities(temperature), outcomes))  # fmt: skip
+                       expected_calibration_error(probabilities(temperature), outcomes),
+                       reliability_bins(probabilities(1.0), outcomes),
+                       reliability_bins(probabilities(temperature), outcomes))  # fmt: skip

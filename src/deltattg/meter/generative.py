@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,7 +35,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from deltattg.data.trajectory import MeterOutput, state_prefixes
+from deltattg.data.trajectory import MeterOutput, calibrated_probability, state_prefixes
 from deltattg.hf import common_prefix_length
 from deltattg.meter.answer import format_answer, parse_answer
 from deltattg.meter.prompt import HISTORY_END, PROMPT_VERSION, meter_messages, render_prompt
@@ -137,7 +138,8 @@ def read_meter_config(directory: str | os.PathLike) -> dict[str, Any]:
             f"{path}: the meter was trained on prompt version {config.get('prompt_version')}, "
             f"this library writes version {PROMPT_VERSION}; retrain it"
         )
-    return {k: config[k] for k in ("max_prompt_tokens", "max_new_tokens", "turn_limit") if k in config}
+    return {k: config[k] for k in ("max_prompt_tokens", "max_new_tokens", "turn_limit", "temperature", "readout")
+            if k in config}
 
 
 class GenerativeMeter:
@@ -163,9 +165,12 @@ class GenerativeMeter:
         readout: Readout = "answer",
         name: str = "model",
         turn_limit: int | None = None,
+        temperature: float = 1.0,
     ):
         if readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
+        if not 0 < temperature < math.inf:
+            raise ValueError(f"the temperature must be a positive number, got {temperature!r}")
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError("batch_size and max_new_tokens must be at least 1")
         if tokenizer.pad_token is None:
@@ -181,6 +186,7 @@ class GenerativeMeter:
         self.readout = readout
         self.name = name
         self.turn_limit = turn_limit  # the episodes' turn limit: each prompt states the turns left
+        self.temperature = float(temperature)  # p̃ = σ(z / temperature), fitted on held-out states
         self.stop_ids = stop_token_ids(model, tokenizer)
         self._digest: tuple[tuple, str] | None = None
         self.prefix_stats: Any = None  # tokens read by the latest score_trajectories (a PrefixStats)
@@ -208,12 +214,19 @@ class GenerativeMeter:
         os.makedirs(directory, exist_ok=True)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        self.save_config(directory)
+
+    def save_config(self, directory: str | os.PathLike) -> None:
+        """``meter_config.json``: the kind, prompt version and this meter's settings (a re-fitted temperature
+        changes only this file)."""
         config = {
             "kind": KIND,
             "prompt_version": PROMPT_VERSION,
             "max_prompt_tokens": self.max_prompt_tokens,
             "max_new_tokens": self.max_new_tokens,
             "turn_limit": self.turn_limit,
+            "temperature": self.temperature,
+            "readout": self.readout,
         }
         with open(os.path.join(directory, CONFIG_NAME), "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
@@ -229,6 +242,7 @@ class GenerativeMeter:
                 "max_new_tokens": self.max_new_tokens,
                 "readout": self.readout,
                 "turn_limit": self.turn_limit,
+                **({"temperature": self.temperature} if self.temperature != 1.0 else {}),
             }
             self._digest = (key, meter_digest(self.model, self.tokenizer, settings))
         return f"{KIND}:{self.name}:{self._digest[1][:16]}"
@@ -291,11 +305,31 @@ class GenerativeMeter:
         return texts, zs
 
     def _reading(self, answer: str | None, z: float | None) -> MeterOutput | None:
-        """One reading from a greedy answer and the E.4 logit, as ``readout`` asks."""
+        """One reading from a greedy answer and the E.4 logit, as ``readout`` asks; with the logit comes the
+        calibrated completion probability p̃ = σ(z / temperature), i.e. p(true) / (p(true) + p(false)) at
+        ``{"can_complete":`` sharpened or softened by the fitted temperature."""
+        p = None if z is None else calibrated_probability(z, self.temperature)
         if self.readout == "logit":
-            return MeterOutput(logit=z)
+            return MeterOutput(logit=z, probability=p)
         reading = parse_answer(answer)
-        return reading if self.readout == "answer" or reading is None else replace(reading, logit=z)
+        return reading if self.readout == "answer" or reading is None else replace(reading, logit=z, probability=p)
+
+    def settings(self) -> dict[str, Any]:
+        """The constructor's keyword settings of this meter."""
+        return {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens,
+                "batch_size": self.batch_size, "readout": self.readout, "name": self.name,
+                "turn_limit": self.turn_limit, "temperature": self.temperature}  # fmt: skip
+
+    def with_settings(self, **changes: Any) -> GenerativeMeter:
+        """A meter on the same model and tokenizer with some settings changed (e.g. ``readout``)."""
+        return GenerativeMeter(self.model, self.tokenizer, **{**self.settings(), **changes})
+
+    def set_temperature(self, temperature: float) -> None:
+        """Use p̃ = σ(z / temperature) from now on (saved with the meter; its id changes with it)."""
+        if not 0 < temperature < math.inf:
+            raise ValueError(f"the temperature must be a positive number, got {temperature!r}")
+        self.temperature = float(temperature)
+        self._digest = None
 
     def generate(self, histories: Sequence[list[dict]]) -> list[str]:
         """The raw greedy answer text for each history (end-of-turn token and padding removed)."""

@@ -52,6 +52,10 @@ def read_meter_config(path: str | Path) -> dict | None:
         _check_regression_config(config, str(file))
     else:
         check_turn_limit(config, str(file))
+        check_temperature(config, str(file))
+        if config.get("readout", "answer") not in ("answer", "logit", "both"):
+            raise InputError(f"must be answer, logit or both, got {config['readout']!r}", path=str(file),
+                             field="readout")
     for name in ("max_prompt_tokens", "max_new_tokens"):  # the generative meter's budgets
         value = config.get(name)
         if kind == "generative" and value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -83,10 +87,17 @@ def _check_regression_config(config: dict, file: str) -> None:
     layer = config.get("layer")
     if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 1):
         raise InputError(f"must be null or a decoder layer (1, 2, ...), got {layer!r}", path=file, field="layer")
+    check_temperature(config, file)
+    check_turn_limit(config, file)
+
+
+def check_temperature(config: dict, file: str) -> None:
+    """A meter config's completion ``temperature`` (absent: 1) is a positive finite number."""
+    from deltattg.errors import InputError
+
     temperature = config.get("temperature", 1.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
         raise InputError(f"must be a positive number, got {temperature!r}", path=file, field="temperature")
-    check_turn_limit(config, file)
 
 
 def check_turn_limit(config: dict, file: str) -> None:
@@ -149,7 +160,7 @@ def load_meter(
     endpoint_model: str | None = None,
     endpoint_timeout_s: float = 60.0,
     device: Any = "cpu",
-    readout: str = "answer",
+    readout: str | None = None,
     cache: str | Path | None = None,
     tokenizer: Any = None,
     oracle: Any = None,
@@ -159,7 +170,8 @@ def load_meter(
     """A ready-to-read meter from a folder, a model spec, an ``http(s)://`` endpoint (``endpoint_model`` names
     the served model, ``endpoint_timeout_s`` the deadline of one reading, retries included) or ``oracle`` (the
     household planner; ``tokenizer``, an object or spec, counts its tokens; ``oracle`` is its ``OracleConfig``);
-    ``readout`` is the generative meter's (answer / logit / both); ``cache`` a SQLite file; ``turn_limit`` the turn
+    ``readout`` is the generative meter's (answer / logit / both; default: the one saved with it, else answer);
+    ``cache`` a SQLite file; ``turn_limit`` the turn
     limit an endpoint's meter was trained under (a saved meter keeps its own); ``per_prefix`` makes an in-process
     generative meter read each decision prefix as its own prompt instead of a trajectory's states on one shared
     key/value cache (the same greedy answers, T prefills instead of one). Several specs joined by commas
@@ -206,7 +218,7 @@ def load_meter(
 
     # Greedy in-process answers repeat, invalid ones included: cache them too. The cache file is created only once
     # the meter loaded, so a mistyped spec leaves nothing behind.
-    meter = GenerativeMeter.from_pretrained(spec, device=device, readout=readout)
+    meter = GenerativeMeter.from_pretrained(spec, device=device, **({"readout": readout} if readout else {}))
     wrapper = CachedMeter if per_prefix else CachedTrajectoryMeter
     return wrapper(meter, ScoreCache(cache) if cache else None, cache_invalid=True)
 

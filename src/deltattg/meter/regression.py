@@ -27,7 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deltattg.data.trajectory import MAX_MAGNITUDE, MAX_TOKENS_TO_GO, MeterOutput, assistant_indices
+from deltattg.data.trajectory import (
+    MAX_MAGNITUDE,
+    MAX_TOKENS_TO_GO,
+    MeterOutput,
+    assistant_indices,
+    calibrated_probability,
+)
 from deltattg.meter.prompt import serialize_message, shorten, turns_left_note
 from deltattg.settings import setting
 
@@ -225,11 +231,6 @@ def readings_from_head(outputs: Tensor, target: str = "ttg", temperature: float 
                                probability=calibrated_probability(logit, temperature)))  # fmt: skip
     return out
 
-
-def calibrated_probability(logit: float, temperature: float) -> float:
-    """σ(logit / temperature) (temperature scaling, Guo et al. 2017), computed without overflow."""
-    z = logit / temperature
-    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
 def progress_loss(outputs: Tensor, can_complete: Tensor, tokens_to_go: Tensor, regression_weight: float = 1.0) -> Tensor:

@@ -236,15 +236,7 @@ def _save_trained(trainer: Any, meter: GenerativeMeter, output_dir: str | os.Pat
     model = trainer.accelerator.unwrap_model(trainer.model)
     if hasattr(model, "merge_and_unload"):  # a peft model
         model = model.merge_and_unload()
-    trained = GenerativeMeter(
-        model,
-        meter.tokenizer,
-        max_prompt_tokens=meter.max_prompt_tokens,
-        max_new_tokens=meter.max_new_tokens,
-        batch_size=meter.batch_size,
-        readout=meter.readout,
-        name=os.path.basename(os.path.normpath(output_dir)),
-        turn_limit=meter.turn_limit,
-    )
+    trained = GenerativeMeter(model, meter.tokenizer, **{**meter.settings(),
+                                                        "name": os.path.basename(os.path.normpath(output_dir))})
     trained.save_pretrained(output_dir)
     return trained

@@ -24,7 +24,7 @@ import torch
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment, Task
-from deltattg.meter.fit import calibrate
+from deltattg.meter.commands import calibrate_meter
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
 from deltattg.meter.train_regression import RegressionTrainConfig, records_examples, train_regression_meter
 from deltattg.regime.config import ACTOR_IN_POOL, RegimeConfig
@@ -179,7 +179,7 @@ def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokeni
                                      seed=config.seed, progress=False)  # fmt: skip
     report = train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
     if heldout:
-        report["calibration"] = calibrate(meter.eval(), heldout).as_dict()
+        report["calibration"] = calibrate_meter(meter.eval(), meter, heldout, folder)
         meter.save_pretrained(folder)
         (folder / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
