@@ -356,9 +356,16 @@ def test_grpo_two_steps_change_the_weights(sft, tmp_path):
     before = parameters(meter)
     args = grpo_config(
         tmp_path, max_completion_length=ANSWER_TOKENS,
-        **fast_args(max_steps=2, per_device_train_batch_size=8, learning_rate=1e-3, save_strategy="no"),
+        **fast_args(max_steps=2, per_device_train_batch_size=8, learning_rate=1e-3, save_strategy="no",
+                    temperature=2.0),
     )
-    refined = train_grpo(meter, dataset(meter), tmp_path, args=args)
+
+    def length(completions, **_):  # differs within every group at T = 2, whatever the meter samples
+        return [float(len(str(c))) for c in completions]
+
+    # The trained meter is sure of itself: at T = 1 a group may hold one answer eight times, and any reward of it
+    # gives zero advantages; at T = 2 its answers rarely parse, so the progress reward would be 0 for all.
+    refined = train_grpo(meter, dataset(meter), tmp_path, args=args, reward_funcs=length)
     after = parameters(refined)
     assert any(not torch.equal(before[name], after[name]) for name in before)
     assert (tmp_path / CONFIG_NAME).is_file()

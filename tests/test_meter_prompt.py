@@ -10,8 +10,8 @@ import pytest
 
 from deltattg.data.tokens import tool_call_text
 from deltattg.meter.prompt import (
+    HISTORY_END,
     INSTRUCTION,
-    REMINDER,
     compose,
     count_prompt_tokens,
     meter_messages,
@@ -78,10 +78,21 @@ def test_without_a_budget_the_whole_history_is_one_user_message(tokenizer):
     assert messages == meter_messages(HISTORY, tokenizer, None)
     assert [m["role"] for m in messages] == ["user"]
     text = messages[0]["content"]
-    assert text.startswith(INSTRUCTION) and text.endswith(REMINDER)
+    assert text.startswith(INSTRUCTION) and text.endswith(HISTORY_END)
     assert kept_turns(messages) == list(range(N_TURNS)) and "omitted" not in text
     positions = [text.index(serialize_message(m)) for m in HISTORY]
     assert positions == sorted(positions)  # in history order
+
+
+def test_the_turns_left_close_the_task_and_every_turn_so_each_prompt_prefixes_the_next(tokenizer):
+    """With a 10-turn limit the task ends ``(turns left: 10)`` and turn k ``(turns left: 9 − k)``; the prompt of
+    h_t is the prompt of h_{t+1} up to the end of h_t's history (only the end delimiter is its own)."""
+    prompts = [meter_messages(HISTORY[: 2 + 2 * t], tokenizer, None, 10)[0]["content"] for t in range(4)]
+    assert prompts[0].endswith(f"TASKEND\n\n(turns left: 10)\n{HISTORY_END}")
+    assert [p.rsplit("(turns left: ", 1)[1].split(")")[0] for p in prompts] == ["10", "9", "8", "7"]
+    for shorter, longer in zip(prompts, prompts[1:]):
+        assert longer.startswith(shorter[: -len(HISTORY_END)])
+    assert "turns left" not in meter_messages(HISTORY, tokenizer, None)[0]["content"]
 
 
 def test_budget_keeps_the_task_and_the_newest_turns_that_fit(tokenizer):

@@ -63,9 +63,9 @@ def logit_readout_ids(tokenizer: Any, prompt: str) -> tuple[list[int], int, int]
 
 
 def history_tokens(tokenizer: Any, prompt: str, slack: int = 4) -> int:
-    """How many leading tokens of ``prompt`` hold the instruction and the history (all but its closing: the end of
-    history, turns left, the answer reminder and the template's end of turn), less ``slack`` tokens that may merge
-    differently across the boundary."""
+    """How many leading tokens of ``prompt`` hold the instruction and the history (all but its closing: the
+    end-of-history delimiter and the template's end of turn), less ``slack`` tokens that may merge differently across
+    the boundary."""
     history = prompt[: prompt.rindex(HISTORY_END)] if HISTORY_END in prompt else prompt
     return max(len(tokenizer(history, add_special_tokens=False)["input_ids"]) - slack, 0)
 

@@ -1,7 +1,10 @@
 """The progress meter's prompt: a fixed instruction plus the serialized decision prefix h (§3.1).
 
-The meter sees ONE user message: :data:`INSTRUCTION`, the history between fixed delimiters, and a closing reminder
-of the answer format (:mod:`deltattg.meter.answer`). One user message, rather than a system + user pair, goes through
+The meter sees ONE user message: :data:`INSTRUCTION` (with the answer format, :mod:`deltattg.meter.answer`), then the
+history between fixed delimiters, ending the message; where episodes have a turn limit, the task and every turn end
+with the turns left after them. So a decision state's prompt is a prefix of the next state's up to the end of its
+history, and only the end delimiter and the chat template's end of turn are its own (version 1 closed with the turns
+left and a reminder of the format: 37 tokens per state on SmolLM2 instead of 12). One user message, rather than a system + user pair, goes through
 every chat template (some reject a system role) and keeps the instruction at the start, shared by all prompts, where
 prefix caching (vLLM, SGLang) can reuse it.
 
@@ -25,19 +28,18 @@ from typing import Any
 
 from deltattg.data.tokens import text_of, tool_call_text
 
-PROMPT_VERSION = 1
+PROMPT_VERSION = 2
 
 INSTRUCTION = (
     "You are a progress meter for an AI agent. Below is the agent's task and its interaction history so far: the "
-    "agent's actions and what the environment or tools returned. Predict whether the agent will go on to complete the "
-    "task from this point and, if it will, how many more tokens the agent will generate before it completes it "
-    "(its Token-to-Go).\n"
+    "agent's actions and what the environment or tools returned (where episodes have a turn limit, also the turns the "
+    "agent has left). Predict whether the agent will go on to complete the task from the state at the end of the "
+    "history and, if it will, how many more tokens the agent will generate before it completes it (its Token-to-Go).\n"
     'Answer with one JSON object and nothing else: {"can_complete": true, "tokens_to_go": N} with N a non-negative '
     'integer if the task will be completed, or {"can_complete": false, "tokens_to_go": null} if it will not.'
 )
 HISTORY_START = "=== history ==="
 HISTORY_END = "=== end of history ==="
-REMINDER = "Your JSON answer for the state at the end of this history:"
 
 
 def serialize_message(message: dict) -> str:
@@ -87,13 +89,13 @@ def turns_left_note(turns_left: int) -> str:
     return f"turns left: {max(turns_left, 0)}"
 
 
-def compose(task_blocks: Sequence[str], turn_blocks: Sequence[str], omitted: int, note: str = "") -> list[dict]:
-    """The meter's chat messages for the given serialized task and kept turns, after ``omitted`` dropped turns;
-    ``note`` (the turns left) follows the history."""
+def compose(task_blocks: Sequence[str], turn_blocks: Sequence[str], omitted: int) -> list[dict]:
+    """The meter's chat messages for the given serialized task and kept turns, after ``omitted`` dropped turns. The
+    history comes last, so that a state's prompt is a prefix of the next state's up to the end of its history (what
+    the shared-prefix reader and a server's prefix cache reuse)."""
     marker = [f"[... {omitted} earlier turn{'s' if omitted != 1 else ''} omitted ...]"] if omitted else []
     history = "\n\n".join([*task_blocks, *marker, *turn_blocks])
-    tail = f"{note[:1].upper()}{note[1:]}.\n\n{REMINDER}" if note else REMINDER
-    return [{"role": "user", "content": f"{INSTRUCTION}\n\n{HISTORY_START}\n{history}\n{HISTORY_END}\n\n{tail}"}]
+    return [{"role": "user", "content": f"{INSTRUCTION}\n\n{HISTORY_START}\n{history}\n{HISTORY_END}"}]
 
 
 def render_prompt(messages: list[dict], tokenizer: Any) -> str:
@@ -112,15 +114,19 @@ def count_prompt_tokens(messages: list[dict], tokenizer: Any) -> int:
 def meter_messages(history: Sequence[dict], tokenizer: Any = None, max_prompt_tokens: int | None = None,
                    turn_limit: int | None = None) -> list[dict]:
     """The meter's chat messages for the decision prefix ``history``, fitted to ``max_prompt_tokens`` as counted by
-    ``tokenizer`` (see module doc for what is kept); with ``turn_limit``, the turns left at this state (the limit
-    less the actions taken) follow the history."""
+    ``tokenizer`` (see module doc for what is kept); with ``turn_limit``, the task and every turn end with the turns
+    left after them (``(turns left: 7)``), so the history's last line states them at this state."""
     task, turns = split_task(history)
     task_blocks = [serialize_message(m) for m in task]
     turn_blocks = ["\n\n".join(serialize_message(m) for m in turn) for turn in turns]
-    taken = sum(m.get("role") == "assistant" for m in history)
-    note = "" if turn_limit is None else turns_left_note(turn_limit - taken)
+    if turn_limit is not None:
+        task_blocks.append(f"({turns_left_note(turn_limit)})")
+        taken = 0
+        for k, turn in enumerate(turns):
+            taken += sum(m.get("role") == "assistant" for m in turn)
+            turn_blocks[k] += f"\n\n({turns_left_note(turn_limit - taken)})"
     if max_prompt_tokens is None:
-        return compose(task_blocks, turn_blocks, 0, note)
+        return compose(task_blocks, turn_blocks, 0)
     if tokenizer is None:
         raise ValueError("max_prompt_tokens needs a tokenizer to count with")
     n, longest = len(turn_blocks), max(map(len, task_blocks), default=0)
@@ -129,10 +135,10 @@ def meter_messages(history: Sequence[dict], tokenizer: Any = None, max_prompt_to
         return count_prompt_tokens(messages, tokenizer) <= max_prompt_tokens
 
     def dropping(k: int) -> list[dict]:  # the oldest k turns omitted
-        return compose(task_blocks, turn_blocks[k:], k, note)
+        return compose(task_blocks, turn_blocks[k:], k)
 
     def cutting(c: int) -> list[dict]:  # every turn omitted, and task messages cut to longest − c characters
-        return compose([shorten(block, longest - c) for block in task_blocks], [], n, note)
+        return compose([shorten(block, longest - c) for block in task_blocks], [], n)
 
     omitted = _least(lambda k: fits(dropping(k)), 0, n)
     if omitted is not None:
