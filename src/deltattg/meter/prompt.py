@@ -4,9 +4,9 @@ The meter sees ONE user message: :data:`INSTRUCTION` (with the answer format, :m
 history between fixed delimiters, ending the message; where episodes have a turn limit, the task and every turn end
 with the turns left after them. So a decision state's prompt is a prefix of the next state's up to the end of its
 history, and only the end delimiter and the chat template's end of turn are its own (version 1 closed with the turns
-left and a reminder of the format: 37 tokens per state on SmolLM2 instead of 12). One user message, rather than a system + user pair, goes through
-every chat template (some reject a system role) and keeps the instruction at the start, shared by all prompts, where
-prefix caching (vLLM, SGLang) can reuse it.
+left and a reminder of the format: 37 tokens per state on SmolLM2 instead of 10). One user message, rather than a
+system + user pair, goes through every chat template (some reject a system role) and keeps the instruction at the
+start, shared by all prompts, where prefix caching (vLLM, SGLang) can reuse it.
 
 Fitting a token budget (``max_prompt_tokens``, counted on the prompt as the chat template renders it with the
 generation prompt): the *task* — every message up to and including the first user message — is always kept; later
@@ -39,7 +39,7 @@ INSTRUCTION = (
     'integer if the task will be completed, or {"can_complete": false, "tokens_to_go": null} if it will not.'
 )
 HISTORY_START = "=== history ==="
-HISTORY_END = "=== end of history ==="
+HISTORY_END = "=== end ==="
 
 
 def serialize_message(message: dict) -> str:

@@ -2,10 +2,10 @@
 
 The meter's prompt for h_t is a prefix of its prompt for h_{t+1} up to where the history ends (the instruction, the
 task and the turns so far, each closed by the turns left, come first; only the short *closing* — the end-of-history
-delimiter and the chat template's end of turn, 12 tokens on SmolLM2 — follows). So a trajectory's prompts are read as a tree: the longest prompt (its
-*base*) is prefilled once, and each state's prompt adds only the tokens it does not share with the base. Where the
-meter's window drops old turns, the base no longer holds a prompt's history; that prompt then starts a base of its
-own (:func:`plan_bases`), which reuses the cache of what the two share.
+delimiter and the chat template's end of turn, 10 tokens on SmolLM2 — follows). So a trajectory's prompts are read as
+a tree: the longest prompt (its *base*) is prefilled once, and each state's prompt adds only the tokens it does not
+share with the base. Where the meter's window drops old turns, the base no longer holds a prompt's history; that
+prompt then starts a base of its own (:func:`plan_bases`), which reuses the cache of what the two share.
 
 All rows of a base decode together, one forward pass per generated token, each row attending only to its own tokens
 and to the base up to where its prompt leaves it (a custom 4-D attention mask over one growing cache, so no row's
