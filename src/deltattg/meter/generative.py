@@ -242,7 +242,7 @@ class GenerativeMeter:
                 "max_new_tokens": self.max_new_tokens,
                 "readout": self.readout,
                 "turn_limit": self.turn_limit,
-                **({"temperature": self.temperature} if self.temperature != 1.0 else {}),
+                "temperature": self.temperature,
             }
             self._digest = (key, meter_digest(self.model, self.tokenizer, settings))
         return f"{KIND}:{self.name}:{self._digest[1][:16]}"
