@@ -7,6 +7,9 @@ for ``--steps`` steps (same tasks in the same order, batch, group size, learning
 
     grpo                      outcome advantages only (Eq. 14)
     deltattg                  DeltaTTG with the learned regression meter
+    deltattg@generative       DeltaTTG with the paper's generative meter (SmolLM2 fine-tuned by SFT on a sample of
+                              the pool: RegimeConfig.generative_*; it reads every state of a trajectory on one
+                              shared prefix, and on a CPU it is the step's largest cost)
     deltattg@oracle           DeltaTTG with the household planner as the meter (what a perfect meter buys)
     deltattg@oracle:0.5:0.1   the oracle with log-normal noise σ = 0.5 on v̂ and b̂ flipped with probability 0.1
     deltattg@oracle:0:0:FN:MF the oracle with a learned meter's b̂ errors: false b̂ = 0 on successes, missed b̂ = 0
@@ -51,6 +54,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +71,7 @@ from deltattg.regime.comparison import (
 )
 from deltattg.regime.config import RegimeConfig, regime_config
 from deltattg.regime.stages import (
+    GENERATIVE_METER,
     PRESET,
     Arm,
     BaseActor,
@@ -74,6 +79,7 @@ from deltattg.regime.stages import (
     build_world,
     collect_pool,
     process_settings,
+    train_generative_meter,
     train_meter,
     trainer_settings,
 )
@@ -92,25 +98,26 @@ def seed_config(args: argparse.Namespace, seed: int) -> RegimeConfig:
     return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
-def prepare_seed(config: RegimeConfig, folder: Path, meters: int, allow_mixed: bool = False) -> None:
-    """The seed's base actor and, when arms read them, its pool and ``meters`` learned meters — ``meter`` and, for
-    an ensemble, ``meter-1`` … from other model seeds on the same pool — kept if already there and made by the
-    current code revision (or by any with ``allow_mixed``), and the trainer settings every arm shares
-    (``train.yaml``)."""
+def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed: bool = False) -> None:
+    """The seed's base actor and, when arms read them, its pool, ``meters.learned`` regression meters — ``meter``
+    and, for an ensemble, ``meter-1`` … from other model seeds on the same pool — and the generative meter
+    (``meter-generative``), kept if already there and made by the current code revision (or by any with
+    ``allow_mixed``), and the trainer settings every arm shares (``train.yaml``)."""
     world = build_world(config)
     made_by = (read_stamp(folder) or {}).get("code") if (folder / "actor").exists() else code_revision()
     if made_by != code_revision() and not allow_mixed:
         print(f"[bench] {folder}: its actor and meters were made by code revision {made_by}; making them again",
               file=sys.stderr, flush=True)  # fmt: skip
-        for stale in ("actor", *(meter_folder(k) for k in range(64))):
+        for stale in ("actor", GENERATIVE_METER, *(meter_folder(k) for k in range(64))):
             shutil.rmtree(folder / stale, ignore_errors=True)
         made_by = code_revision()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STAMP).write_text(json.dumps({"code": made_by}, indent=2) + "\n")
     if not (folder / "actor" / "config.json").is_file():
         base_actor(config, world, folder / "actor")
-    missing = [k for k in range(meters) if not (folder / meter_folder(k) / "meter_config.json").is_file()]
-    if missing:
+    missing = [k for k in range(meters.learned) if not (folder / meter_folder(k) / "meter_config.json").is_file()]
+    generative_missing = meters.generative and not (folder / GENERATIVE_METER / "meter_config.json").is_file()
+    if missing or generative_missing:
         from deltattg.hf import load_tokenizer
 
         actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
@@ -119,6 +126,8 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: int, allow_mixed: b
         for k in missing:  # member k's backbone and shuffles from seed + 1000·k, on the same pool
             train_meter(config.replace(seed=config.seed + 1000 * k), train_pool, actor.tokenizer,
                         folder / meter_folder(k), heldout_pool)  # fmt: skip
+        if generative_missing:
+            train_generative_meter(config, train_pool, folder / GENERATIVE_METER, heldout_pool)
     settings = trainer_settings(config, str(folder / "actor"), world.prompt.layout)
     (folder / "train.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
@@ -128,9 +137,19 @@ def meter_folder(k: int) -> str:
     return "meter" if k == 0 else f"meter-{k}"
 
 
-def learned_meters(arms: Sequence[Arm]) -> int:
-    """How many learned meters the arms read at most (0: none)."""
-    return max([arm.members for arm in arms if arm.meter == "learned"], default=0)
+@dataclass(frozen=True)
+class Meters:
+    """The learned meters a seed needs: how many regression meters (an ensemble reads several), and whether the
+    generative one."""
+
+    learned: int = 0
+    generative: bool = False
+
+
+def meters_read(arms: Sequence[Arm]) -> Meters:
+    """The learned meters ``arms`` read."""
+    return Meters(max([arm.members for arm in arms if arm.meter == "learned"], default=0),
+                  any(arm.meter == "generative" for arm in arms))
 
 
 STAMP = "bench.json"
@@ -162,7 +181,7 @@ def current_stamp(folder: Path, arm: Arm) -> dict:
             "shared_config_sha256": shared_settings_hash(folder), "arm": arm.name}  # fmt: skip
 
 
-def prepare(args: argparse.Namespace, seed: int, meters: int) -> str:
+def prepare(args: argparse.Namespace, seed: int, meters: Meters) -> str:
     """One seed's base actor, pool and meter (in its own process: one torch thread)."""
     start = time.perf_counter()
     with process_settings(1):
@@ -192,7 +211,7 @@ def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
     """Every seed's preparation, then every (seed, arm) run, ``--jobs`` processes at a time."""
     import multiprocessing
 
-    meters = learned_meters(arms)
+    meters = meters_read(arms)
     units = [(seed, arm) for seed in args.seeds for arm in arms]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max(args.jobs, 1), mp_context=context) as pool:
@@ -349,7 +368,7 @@ NEW_STEP = ("optim.recompute_old_logprobs=false", "run.share_prompts=true")
 
 
 def interleaved_step_times(args: argparse.Namespace, variants: dict[str, Sequence[str]], steps: int,
-                           meters: int) -> dict:
+                           meters: Meters) -> dict:
     """Median training-step time per training row of each variant (trainer overrides), N steps each from one seed's
     actor, run in rounds that alternate the order (a b c, c b a) in one process, so load drifts hit all alike."""
     seed = args.seeds[0]
@@ -370,7 +389,7 @@ def speed(args: argparse.Namespace) -> str:
     """Median training-step time of the old and the new step, interleaved old-new-new-old (module doc)."""
     grpo = ("algo.method=grpo",)
     variants = {"old": (*grpo, *OLD_STEP), "new": (*grpo, *NEW_STEP)}
-    times = interleaved_step_times(args, variants, args.speed, meters=0)
+    times = interleaved_step_times(args, variants, args.speed, meters=Meters())
     old, new = times["old"], times["new"]
     return (f"median step time per training row over {2 * args.speed} steps each (seed {args.seeds[0]}, one thread): "
             f"old {1000 * old:.2f} ms, new {1000 * new:.2f} ms; new ÷ old = {new / old:.3f} ({old / new:.2f}x faster)")
@@ -380,7 +399,7 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     """Each arm's step time ÷ GRPO's, N steps each, interleaved (``--overhead N``)."""
     folder = args.out / f"seed-{args.seeds[0]}"
     variants = {arm.name: tuple(arm.overrides(folder / "meter")) for arm in arms}
-    times = interleaved_step_times(args, variants, args.overhead, meters=learned_meters(arms))
+    times = interleaved_step_times(args, variants, args.overhead, meters=meters_read(arms))
     base = times[arms[0].name]
     lines = [f"median step time per training row over {2 * args.overhead} steps each (seed {args.seeds[0]}, one "
              f"thread), ÷ {arms[0].name}'s:"]
@@ -389,28 +408,32 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
 
 
 # ---- the meter with and without the turns left -------------------------------------------------------------------
-def meter_fit_report(args: argparse.Namespace) -> str:
-    """Per seed: the learned meter (turns left in its input) beside one trained on the same pool without them, and
-    the oracle, read on the held-out pool tasks' states (``--meter-fit``)."""
+def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
+    """Per seed: the learned meter (turns left in its input) beside one trained on the same pool without them, the
+    generative meter when an arm reads it, and the oracle, read on the held-out pool tasks' states (``--meter-fit``)."""
     from deltattg.hf import load_tokenizer
     from deltattg.meter.fit import meter_fit
     from deltattg.meter.loading import load_meter
     from deltattg.meter.oracle import OracleMeter
 
-    fits: dict[str, list] = {"without turns left": [], "with turns left": [], "oracle": []}
+    generative = meters_read(arms).generative
+    fits: dict[str, list] = {"without turns left": [], "with turns left": [],
+                             **({"generative": []} if generative else {}), "oracle": []}  # fmt: skip
     with process_settings(1):
         for seed in args.seeds:
             config, folder = seed_config(args, seed), args.out / f"seed-{seed}"
-            prepare_seed(config, folder, 1, allow_mixed=args.allow_mixed)
+            prepare_seed(config, folder, Meters(1, generative), allow_mixed=args.allow_mixed)
             world = build_world(config)
             actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
             train_pool, heldout = split_by_task(collect_pool(config, world, actor), config.heldout_fraction, seed)
             if not (folder / "meter-no-turns" / "meter_config.json").is_file():
                 train_meter(config, train_pool, actor.tokenizer, folder / "meter-no-turns", heldout, turns_left=False)
-            for name, meter in (("without turns left", load_meter(folder / "meter-no-turns")),
-                                ("with turns left", load_meter(folder / "meter")),
-                                ("oracle", OracleMeter(actor.tokenizer))):  # fmt: skip
-                fits[name].append(meter_fit(meter, heldout))
+            meters = {"without turns left": lambda: load_meter(folder / "meter-no-turns"),
+                      "with turns left": lambda: load_meter(folder / "meter"),
+                      "generative": lambda: load_meter(folder / GENERATIVE_METER),
+                      "oracle": lambda: OracleMeter(actor.tokenizer)}  # fmt: skip
+            for name in fits:
+                fits[name].append(meter_fit(meters[name](), heldout))
             print(f"[bench] seed {seed}: meters read", file=sys.stderr, flush=True)
     steps = sorted({t for runs in fits.values() for fit in runs for t in fit.steps})
     rows = []
@@ -467,8 +490,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--overhead", type=int, metavar="N",
                         help="time 2N steps of every arm, interleaved, and print each ÷ the first arm's instead")
     parser.add_argument("--meter-fit", action="store_true",
-                        help="instead: each seed's learned meter beside one trained without the turns left and the "
-                        "oracle, on the held-out pool states (completion accuracy overall and per step, Spearman, ECE)")
+                        help="instead: each seed's learned meter beside one trained without the turns left, the "
+                        "generative meter when --arms has a @generative arm, and the oracle, on the held-out pool "
+                        "states (completion accuracy overall and per step, Spearman, ECE)")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
     args = parser.parse_args(argv)
     try:
@@ -487,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(overhead(args, arms))
         return
     if args.meter_fit:
-        print(meter_fit_report(args))
+        print(meter_fit_report(args, arms))
         return
     if not args.report_only:
         run_all(args, arms)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 def bench_train():
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # the documented recipe: dataclasses look their module up there
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
@@ -69,3 +72,29 @@ def test_report_refuses_runs_of_different_revisions_unless_told(tmp_path, bench_
     (tmp_path / "seed-0" / "train.yaml").write_text("run: {seed: 1}\n")
     with pytest.raises(ValueError, match="other shared settings"):
         bench_train.main(args)
+
+
+def test_a_generative_arm_trains_its_meter_on_the_pool_and_reads_it_in_rl(tmp_path):
+    """``deltattg@generative`` in the quick regime with a tiny random LM as the generative model: the seed's meter is
+    fine-tuned on a sample of its pool (turns left in its prompts, a temperature fitted on held-out pool states), and
+    the arm's RL steps read it (readings of every queried state, the meter's time on the clock)."""
+    from test_meter_generative import tiny_meter as tiny_generative
+
+    model = tmp_path / "lm"
+    tiny_generative().save_pretrained(model)
+    out = tmp_path / "bench"
+    command = [sys.executable, str(REPO / "bench" / "bench_train.py"), "--quick", "--arms", "grpo",
+               "deltattg@generative", "--seeds", "0", "--out", str(out), "--set", f"generative_model={model}",
+               "--set", "generative_trajectories=3"]  # as users run it: its workers are spawned processes
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "seed-0" / "meter-generative" / "meter_config.json").read_text())
+    assert config["kind"] == "generative" and config["turn_limit"] == 6 and config["readout"] == "both"  # quick: 6 turns
+    report = json.loads((out / "seed-0" / "meter-generative" / "train_report.json").read_text())
+    assert report["stage"] == "sft" and report["calibration"]["states"] > 0
+    trained_on = report["examples"]  # every decision state of the 3 sampled trajectories (one example each)
+    assert 3 <= trained_on <= 3 * 6
+    records = [json.loads(line) for line in (out / "seed-0" / "deltattg-generative" / "metrics.jsonl").open()]
+    steps = [r for r in records if r.get("step", 0) > 0 and "time/meter" in r]
+    assert len(steps) == 2 and all(r["time/meter"] > 0 and r["meter_share"] > 0 for r in steps)
+    assert "deltattg@generative" in (out / "bench_train.md").read_text()

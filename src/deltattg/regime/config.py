@@ -78,6 +78,14 @@ class RegimeConfig:
     meter_batch_size: int = 16
     meter_lr: float = 1e-3
 
+    # ---- generative meter (the paper's; arms ``METHOD@generative``): an LM fine-tuned by SFT (Eq. 3, D.2) ----
+    generative_model: str = "smollm2"  # HF id/path, 'smollm2' or DIR::FILE.gguf
+    generative_trajectories: int = 96  # pool training trajectories it is fine-tuned on (all their states)
+    generative_heldout: int = 32  # held-out pool trajectories its completion temperature is fitted on
+    generative_epochs: int = 1  # D.2
+    generative_batch_size: int = 8
+    generative_lr: float = 1e-5  # D.2
+
     # ---- RL: every arm (``pipeline.Arm`` specs) from the same init, seed and budget (household-tiny preset) ----
     arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg_robust")
     steps: int = 80
@@ -119,6 +127,7 @@ QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothi
     "clone_tasks": 12, "clone_epochs": 1,
     "pool_episodes": 8, "pool_group_size": 2, "heldout_fraction": 0.5,
     "meter_hidden": 32, "meter_layers": 1, "meter_heads": 2, "meter_epochs": 1,
+    "generative_trajectories": 4, "generative_heldout": 2,
     "steps": 2, "batch_size": 2, "group_size": 4, "eval_every": 1, "eval_tasks": 3, "eval_sampled": True,
     "guidance_tasks": 3, "credit_tasks": 2,
 }  # fmt: skip

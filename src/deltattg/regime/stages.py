@@ -4,6 +4,7 @@
     base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  FOLDER/actor
     trajectory pool (noisy experts, random, the base actor)         ->  pool
     regression meter on the pool's training tasks                  ->  FOLDER/meter
+    generative meter on a sample of them (arms ``@generative``)     ->  FOLDER/meter-generative
     RL arms (``Arm`` specs: GRPO, DeltaTTG, ...) from the same actor ->  FOLDER/<arm> (metrics.jsonl, ...)
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import random
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +39,8 @@ from deltattg.train.actor import torch_device
 from deltattg.train.config import ActorConfig, EnvConfig
 from deltattg.train.trainer import mean
 
-PRESET = "household-tiny"  # the trainer preset under the demo's settings (the demo sets every field it relies on)
+PRESET = "household-tiny"
+GENERATIVE_METER = "meter-generative"  # a seed's generative meter, beside its regression meter ``meter``  # the trainer preset under the demo's settings (the demo sets every field it relies on)
 
 
 # ---- the machine and the world ---------------------------------------------------------------------------------------
@@ -185,6 +188,28 @@ def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokeni
     return report
 
 
+def train_generative_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], folder: Path,
+                           heldout: Sequence[Trajectory] = ()) -> dict:
+    """The paper's generative meter: ``config.generative_model`` fine-tuned by SFT (Eq. 3, D.2) on every decision
+    state of ``config.generative_trajectories`` trajectories drawn from ``trajectories`` (each prompt marked with the
+    turns left), the temperature of its p̃ fitted on the states of ``config.generative_heldout`` drawn from
+    ``heldout``, saved to ``folder``; returns the training report. A sample, not the pool: SFT of a 135M model on
+    all ~7,000 training states takes hours on a CPU."""
+    from deltattg.data.sources import Located
+    from deltattg.meter.commands import train_generative
+
+    def sample(items: Sequence[Trajectory], count: int, source: str) -> list[Located]:
+        chosen = random.Random(config.seed).sample(list(items), min(count, len(items)))
+        return [Located(source, k + 1, trajectory, {}) for k, trajectory in enumerate(chosen)]
+
+    settings = {"num_train_epochs": config.generative_epochs, "per_device_train_batch_size": config.generative_batch_size,
+                "learning_rate": config.generative_lr, "seed": config.seed, "disable_tqdm": True}  # fmt: skip
+    return train_generative(sample(trajectories, config.generative_trajectories, "the regime's pool"),
+                            config.generative_model, str(folder), stage="sft", max_prompt_tokens=None, lora=False,
+                            train_settings=settings, turn_limit=config.max_turns,
+                            calibration=sample(heldout, config.generative_heldout, "the regime's held-out pool"))
+
+
 # ---- stage 4: RL with GRPO and DeltaTTG ------------------------------------------------------------------------------
 def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict:
     """The trainer's settings shared by both methods (written to ``train.yaml``; ``deltattg train --config`` reads
@@ -210,7 +235,8 @@ def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict
 @dataclass(frozen=True)
 class Arm:
     """One RL run of a comparison: an estimator, its credit settings and the meter it reads. Spec
-    ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@oracle`` (the household
+    ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@generative`` (the
+    paper's generative meter, ``train_generative_meter``), ``deltattg@oracle`` (the household
     planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
     p), ``deltattg@oracle:SIGMA:P:FN:MF`` (and b̂ = 0 on successes' states with probability FN, b̂ = 1 on failures'
     uncompletable states with probability MF: ``meter.oracle``), ``pos@oracle``,
@@ -218,7 +244,7 @@ class Arm:
     ``deltattg_robust[meter.refresh_every=5]`` (any other trainer setting), ..."""
 
     method: str
-    meter: str | None = None  # None (the method reads none), "learned" or "oracle"
+    meter: str | None = None  # None (the method reads none), "learned", "generative" or "oracle"
     noise: float = 0.0
     flip: float = 0.0
     options: tuple[tuple[str, str], ...] = ()  # settings (a CreditConfig field or SECTION.KEY, value as written)
@@ -241,9 +267,9 @@ class Arm:
         kind, *dials = meter.split(":") if meter else ["learned"]
         if kind == "ensemble" and len(dials) == 1 and dials[0].isdigit() and int(dials[0]) >= 2:
             return cls(method, "learned", options=options, members=int(dials[0]))
-        if kind not in ("learned", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
-            raise ValueError(f"arm {spec!r}: the meter is learned, ensemble:N (N >= 2), oracle, oracle:SIGMA:P or "
-                             "oracle:SIGMA:P:FN:MF")
+        if kind not in ("learned", "generative", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
+            raise ValueError(f"arm {spec!r}: the meter is learned, generative, ensemble:N (N >= 2), oracle, "
+                             "oracle:SIGMA:P or oracle:SIGMA:P:FN:MF")
         noise, flip, false_negative, missed_failure = (*(float(d) for d in dials), 0.0, 0.0, 0.0, 0.0)[:4]
         return cls(method, kind, noise, flip, options, false_negative, missed_failure)
 
@@ -268,6 +294,8 @@ class Arm:
         out = [f"algo.method={self.method}", *(f"{setting_path(k)}={v}" for k, v in self.options)]
         if self.meter == "learned":  # an ensemble's members sit beside the seed's meter: meter-1, meter-2, ...
             out.append("meter.path=" + ",".join([str(meter_dir), *(f"{meter_dir}-{k}" for k in range(1, self.members))]))
+        elif self.meter == "generative":  # the seed's generative meter sits beside its regression meter
+            out.append(f"meter.path={meter_dir.parent / GENERATIVE_METER}")
         elif self.meter == "oracle":
             out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
             if self.false_negative or self.missed_failure:
