@@ -39,8 +39,8 @@ from deltattg.train.actor import torch_device
 from deltattg.train.config import ActorConfig, EnvConfig
 from deltattg.train.trainer import mean
 
-PRESET = "household-tiny"
-GENERATIVE_METER = "meter-generative"  # a seed's generative meter, beside its regression meter ``meter``  # the trainer preset under the demo's settings (the demo sets every field it relies on)
+PRESET = "household-tiny"  # the trainer preset under the demo's settings (the demo sets every field it relies on)
+GENERATIVE_METER = "meter-generative"  # a seed's generative meter, beside its regression meter ``meter``
 
 
 # ---- the machine and the world ---------------------------------------------------------------------------------------
