@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from deltattg.loss import LossConfig, clipped_surrogate, kl_penalty, policy_loss
+from deltattg.loss import LossConfig, clipped_surrogate, covariance_terms, kl_penalty, policy_loss
 
 
 def tokens(ratios, advantages, pad=0):
@@ -104,3 +104,65 @@ def test_policy_loss_clip_scale_by_hand():
     base, _ = policy_loss(new, old, adv, mask)
     same, _ = policy_loss(new, old, adv, mask, clip_scale=torch.ones(1, 3))
     assert same.item() == pytest.approx(base.item())
+
+
+# ---- verl's entropy guards (clip_cov / kl_cov) -------------------------------------------------------------------
+# Ratios 1.5, 0.5, 1.0, 2.0 with advantages +1, +1, -1, -1 (old log-probs 0): mean Ã = 0, mean log π = ln(1.5)/4,
+# so the covariance terms Ã·(log π - mean) are 0.304, -0.794, 0.101, -0.592.
+GUARD_RATIOS, GUARD_ADVANTAGES = [1.5, 0.5, 1.0, 2.0], [1, 1, -1, -1]
+
+
+def test_covariance_terms_by_hand():
+    new, _, adv, mask = tokens(GUARD_RATIOS, GUARD_ADVANTAGES, pad=1)
+    shift = math.log(1.5) / 4
+    expected = [math.log(1.5) - shift, math.log(0.5) - shift, shift, -(math.log(2.0) - shift)]
+    assert covariance_terms(new, adv, mask.bool())[0, :4].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_kl_cov_holds_the_largest_covariance_token_without_a_clip():
+    # kl_cov_ratio 0.25 of 4 tokens -> the one of largest term (token 0, 0.304) gets r·Ã - |log r| = 1.5 - ln 1.5;
+    # no clip anywhere (verl): token 3 keeps r·Ã = -2. Token mean (1.5 - ln 1.5 + 0.5 - 1 - 2) / 4.
+    new, old, adv, mask = tokens(GUARD_RATIOS, GUARD_ADVANTAGES, pad=2)
+    loss, metrics = policy_loss(new, old, adv, mask, LossConfig(loss_mode="kl_cov", kl_cov_ratio=0.25))
+    assert loss.item() == pytest.approx((1 + math.log(1.5)) / 4, abs=1e-6)
+    assert metrics["cov_guard_frac"] == pytest.approx(0.25)
+    loss.backward()
+    # d/d log π of -(r·Ã - |log r|)/4: token 0 -(1.5 - 1)/4; token 1 -(0.5)/4; tokens 2, 3 -r·Ã/4; padding 0.
+    assert new.grad[0].tolist() == pytest.approx([-0.125, -0.125, 0.25, 0.5, 0, 0], abs=1e-6)
+
+
+def test_clip_cov_drops_the_gradient_of_an_unclipped_token_inside_the_bounds():
+    # Candidates: covariance term in (0.05, 5) and the clip not active. Token 0 (0.304) is clipped (r 1.5 > 1.28,
+    # Ã > 0), so only token 2 (0.101) is left; max(1, ⌊0.0002·4⌋) = 1 token: token 2's objective becomes 0.
+    # Objective (no dual clip): 1.28, 0.5, 0, -2 -> loss -(1.28 + 0.5 - 2) / 4 = 0.055.
+    new, old, adv, mask = tokens(GUARD_RATIOS, GUARD_ADVANTAGES)
+    loss, metrics = policy_loss(new, old, adv, mask, LossConfig(loss_mode="clip_cov", clip_cov_lb=0.05))
+    assert loss.item() == pytest.approx(0.055, abs=1e-6)
+    assert metrics["cov_guard_frac"] == pytest.approx(0.25)
+    loss.backward()
+    assert new.grad[0].tolist() == pytest.approx([0.0, -0.125, 0.0, 0.5], abs=1e-6)
+    # Without a candidate in the bounds nothing is dropped: the vanilla surrogate without dual clip.
+    new, old, adv, mask = tokens(GUARD_RATIOS, GUARD_ADVANTAGES)
+    loss, metrics = policy_loss(new, old, adv, mask, LossConfig(loss_mode="clip_cov", clip_cov_lb=0.5))
+    assert loss.item() == pytest.approx(-(1.28 + 0.5 - 1 - 2) / 4, abs=1e-6) and metrics["cov_guard_frac"] == 0
+
+
+def test_clip_cov_draws_its_share_among_the_candidates_only():
+    torch.manual_seed(0)
+    ratios = torch.rand(2000).mul(0.4).add(0.8).tolist()  # inside the clip range: every token unclipped
+    advantages = torch.randn(2000).mul(4).tolist()
+    new, old, adv, mask = tokens(ratios, advantages)
+    config = LossConfig(loss_mode="clip_cov", clip_cov_ratio=0.01, dual_clip=None)
+    loss, metrics = policy_loss(new, old, adv, mask, config)
+    assert metrics["cov_guard_frac"] == pytest.approx(20 / 2000)
+    loss.backward()
+    dropped = new.grad[0] == 0
+    cov = covariance_terms(new, adv, mask.bool())[0]
+    assert int(dropped.sum()) == 20 and bool(((cov[dropped] > 1) & (cov[dropped] < 5)).all())
+
+
+def test_bad_guard_settings_are_refused():
+    for bad in ({"loss_mode": "cov"}, {"clip_cov_ratio": 0.0}, {"kl_cov_ratio": 1.5},
+                {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, {"ppo_kl_coef": -1.0}):  # fmt: skip
+        with pytest.raises(ValueError):
+            LossConfig(**bad)

@@ -240,6 +240,23 @@ def test_two_steps_of_each_method_train_and_log(tmp_path, actor_dir, meter_dir, 
             assert sum(r["credit/redistributed"] + r["credit/zero_mass"] for r in records[1:]) > 0
 
 
+@pytest.mark.parametrize("mode", ["clip_cov", "kl_cov"])
+def test_the_entropy_guards_reach_the_trainers_loss(tmp_path, actor_dir, mode):
+    """``loss.loss_mode`` swaps the surrogate for verl's guard of that name; the step logs the share it singled out."""
+    config = small_config(tmp_path / "run", actor_dir, "grpo", None, "run.steps=1", "eval.every=0",
+                          f"loss.loss_mode={mode}", "loss.clip_cov_ratio=0.1", "loss.kl_cov_ratio=0.1",
+                          "loss.clip_cov_lb=-1e9", "loss.clip_cov_ub=1e9")  # fmt: skip
+    modes = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module, "policy_loss", lambda *a, **k: modes.append(a[4].loss_mode) or policy_loss(*a, **k))
+        records = train(config, make_env=ScriptedOutcomes())
+    assert modes and set(modes) == {mode}
+    step = records[-1]
+    assert step["advantage/nonzero_trajectories"] > 0, "no reward variance: the test is vacuous"
+    # ⌊0.1·N⌋ tokens of each micro-batch of N (every token a candidate: the bounds hold all): about a tenth
+    assert 0.05 < step["cov_guard_frac"] <= 0.1 + 1e-9
+
+
 def test_value_needs_an_outcome_score_meter(tmp_path, actor_dir, meter_dir):
     """``value`` reads S(h) from a score meter; a Token-to-Go meter's completion logit is not silently turned into one."""
     with pytest.raises(ValueError, match="value reads 'score'"):
