@@ -289,3 +289,61 @@ def test_a_meter_trained_with_a_relative_model_path_loads_from_anywhere(tmp_path
     meter = load_meter(work / "meters" / "m")
     readings = meter.score_trajectories([apb_record(0, True, 2)["messages"]])
     assert len(readings[0]) == 3
+
+
+# ---- one writer per run folder --------------------------------------------------------------------------------------
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from deltattg.train.checkpoint import run_lock
+with run_lock(Path(sys.argv[1])):
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_run_folder_another_process_writes_is_refused_until_that_process_ends(tmp_path, actor_dir):
+    import subprocess
+    import sys
+
+    out = tmp_path / "shared"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(out)
+        with pytest.raises(CheckpointError, match=rf"in use by another run \(process {holder.pid}\)") as refused:
+            train(config_for(out, actor_dir, "run.steps=1"), overwrite=True, make_env=ScriptedOutcomes())
+        assert str(out) in str(refused.value)
+        assert snapshot(out) == before  # not even the overwrite ran: nothing of the other run is cleared
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own; the OS drops the lock
+        holder.wait()
+    records = train(config_for(out, actor_dir, "run.steps=1"), make_env=ScriptedOutcomes())
+    assert [r["step"] for r in records] == [1]
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder(tmp_path, actor_dir):
+    out = tmp_path / "never"
+    with pytest.raises(ValueError):
+        train(small_config(out, actor_dir, "deltattg", tmp_path / "no-meter-here", "eval.every=0"),
+              make_env=ScriptedOutcomes())  # fmt: skip
+    assert not out.exists()
+
+
+def test_interleaved_or_broken_metrics_are_named_by_file_and_line(run):
+    from deltattg.errors import InputError
+    from deltattg.train import read_metrics
+
+    path = run / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    path.write_text("\n".join([lines[0], lines[1], lines[1]]) + "\n")  # a second writer repeating step 2
+    with pytest.raises(InputError, match=rf"{path}:3: step 2 after step 2: .* two processes wrote this file"):
+        read_metrics(run)
+    path.write_text(lines[0] + "\n{\"step\": 2,\n")
+    with pytest.raises(InputError, match=rf"{path}:2: not a JSON record"):
+        read_metrics(run)
+    path.write_text(lines[0] + '\n{"loss": 1.0}\n')
+    with pytest.raises(InputError, match=rf"{path}:2: not a metrics record"):
+        read_metrics(run)

@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,14 @@ import numpy as np
 import torch
 
 from deltattg.data.pt_files import CheckpointError, first_sentence, safe_load
+from deltattg.errors import InputError
 
 CHECKPOINTS = "checkpoints"
 ACTOR = "actor"
 OPTIMIZER = "optimizer.pt"
 STATE = "trainer_state.pt"
 METRICS = "metrics.jsonl"
+LOCK = ".lock"  # held while a process writes the run (:func:`run_lock`)
 CONFIG = "config.yaml"
 RUN = "run.json"
 RUN_FILES = (CONFIG, RUN, METRICS, CHECKPOINTS)  # any of them: the folder holds a run
@@ -274,6 +278,39 @@ def check_belongs(checkpoint: Checkpoint, out: Path) -> None:
                               f"resumes only its own checkpoints", path=str(checkpoint.path))  # fmt: skip
 
 
+@contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` exclusively (``flock``) while this process writes the run in ``out``. A second process
+    pointed at the same folder — a second trainer, a benchmark started twice, a worker left running by a killed
+    parent — stops with a :class:`CheckpointError` naming the holder before it touches a file, instead of clearing the
+    first run's files or interleaving two runs' metrics. The OS drops the lock when the process ends, however it ends.
+    A folder this call created and no run was written to is removed again."""
+    import fcntl
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise CheckpointError(f"is in use by another run (process {holder}); wait for it to end, or stop it, "
+                                  "before writing to this folder", path=str(out)) from None  # fmt: skip
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            if created and not holds_run(out):
+                path.unlink(missing_ok=True)
+                if not any(out.iterdir()):
+                    out.rmdir()
+
+
 def start_run(out: Path, config_text: str, *, overwrite: bool, run: dict | None = None) -> dict:
     """Write the run's identity and ``config.yaml`` (after clearing the old run's files with ``overwrite``). ``run``:
     the identity to keep (a resume); a fresh run gets a new random id."""
@@ -331,5 +368,24 @@ def _tensorboard_writer(directory: Path) -> Any:
 
 
 def read_metrics(out: str | Path) -> list[dict]:
+    """A run's metrics records (none when it has not logged yet). A line that is not a JSON record, or a step that
+    does not follow the one before it (two processes wrote the file at once: a run's steps only increase, a resume
+    rewrites the file), raises :class:`~deltattg.errors.InputError` naming the file and line."""
     path = Path(out) / METRICS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    records: list[dict] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise InputError(f"not a JSON record ({exc})", path=str(path), line=number) from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise InputError("not a metrics record (an object with an integer step)", path=str(path), line=number)
+        if records and record["step"] <= records[-1]["step"]:
+            raise InputError(f"step {record['step']} after step {records[-1]['step']}: a run's steps only increase, "
+                             "so two processes wrote this file at once; run it again", path=str(path), line=number)
+        records.append(record)
+    return records

@@ -47,6 +47,7 @@ from deltattg.train.checkpoint import (
     prune_checkpoints,
     read_checkpoint,
     read_run,
+    run_lock,
     save_checkpoint,
     seed_everything,
     set_rng_state,
@@ -285,11 +286,23 @@ def train(
     refuses a folder that already holds a run unless ``overwrite`` (which deletes that run's files first).
     ``make_env``: a constructor of your own environment instances (any ``envs.base.Environment``) instead of
     ``config.env``'s built-in one; its tasks are still chosen by ``config.env``'s splits. Returns every metrics
-    record."""
+    record. While it runs, the folder is locked against every other process (:func:`~deltattg.train.checkpoint.run_lock`)."""
+    with run_lock(Path(config.run.out)):
+        return train_in_locked_folder(config, resume=resume, overwrite=overwrite, make_env=make_env)
+
+
+def train_in_locked_folder(
+    config: TrainConfig,
+    *,
+    resume: str | Path | None,
+    overwrite: bool,
+    make_env: Callable[[], Environment] | None,
+) -> list[dict]:
+    """:func:`train`'s body, run while its process holds the run folder's lock."""
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     out = Path(config.run.out)
-    checkpoint = resolve_checkpoint(out, resume, overwrite)  # nothing is written before this check
+    checkpoint = resolve_checkpoint(out, resume, overwrite)  # nothing but the lock is written before this check
     identity = read_run(out) if resume is not None else None  # a resumed run keeps its identity; a fresh one gets one
     config_text = config_io.dump(config)
     rollout, algo, loss_config = config.rollout, config.algo, config.loss
