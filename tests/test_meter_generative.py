@@ -25,7 +25,7 @@ from deltattg.meter.generative import (
     read_meter_config,
 )
 from deltattg.meter.prompt import PROMPT_VERSION, meter_messages, render_prompt
-from deltattg.meter.shared_prefix import Row, SharedPrefixDecoder, plan_bases
+from deltattg.meter.shared_prefix import SDPA_SHARING_KV_HEADS, Row, SharedPrefixDecoder, plan_bases
 from deltattg.meter.train_generative import (
     grpo_config,
     meter_dataset,
@@ -462,6 +462,31 @@ def test_shared_prefix_decoder_equals_generate_with_drafts_kept_as_far_as_greedy
     assert decoder.stats.prefilled == 119 + sum(len(row.pending) for row in rows)
     assert decoder.cache.get_seq_length() == 119  # the answers' tokens are gone again
     assert decoder.stats.decoded == sum(9 - min(common_prefix_length(e, d), 8) - 1 for e, d in zip(expected, drafts))
+
+
+def test_decoder_reads_grouped_key_value_heads_as_they_are_and_gives_the_model_back():
+    """Inside the decoder a model on SDPA attention (4 query heads over 2 key/value heads) runs
+    ``sdpa_sharing_kv_heads``: under a tree-shaped 4-D mask its logits equal transformers' SDPA (which repeats the
+    heads); on leaving, even by an error, the model is on SDPA again; a model on eager attention is left alone."""
+    model = tiny_meter().model.eval()
+    ids = torch.randint(3, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    tree = torch.tril(torch.ones(12, 12, dtype=torch.bool))
+    tree[6:, 3:6] = False  # the last six tokens branch off after the third
+    mask = torch.zeros(12, 12).masked_fill(~tree, torch.finfo(torch.float32).min)[None, None]
+    positions = torch.tensor([[*range(6), *range(3, 9)]])
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        with SharedPrefixDecoder(model, max_new_tokens=1, stop_ids=[]):
+            assert model.config._attn_implementation == SDPA_SHARING_KV_HEADS
+            ours = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(KeyError), SharedPrefixDecoder(model, max_new_tokens=1, stop_ids=[]):
+        raise KeyError("a reading failed")
+    assert model.config._attn_implementation == "sdpa"
+    model.set_attn_implementation("eager")
+    with SharedPrefixDecoder(model, max_new_tokens=1, stop_ids=[]):
+        assert model.config._attn_implementation == "eager"
 
 
 def test_shared_prefix_readings_equal_per_prefix(sft):

@@ -278,31 +278,35 @@ class GenerativeMeter:
         """Greedy answers (``""`` where not asked) and E.4 logits (``None`` where not asked) of every state of each
         trajectory, the states of a trajectory on one shared key/value cache (:class:`SharedPrefixDecoder`); the
         cache carries over between trajectories, so the instruction, and a group's task, are read once."""
-        from deltattg.meter.shared_prefix import Row, SharedPrefixDecoder, plan_bases
+        from deltattg.meter.shared_prefix import SharedPrefixDecoder
 
-        decoder = SharedPrefixDecoder(self.model, max_new_tokens=self.max_new_tokens, stop_ids=self.stop_ids)
-        self.prefix_stats = decoder.stats  # tokens read by this call
-        texts, zs = [], []
-        for messages in trajectories:
-            prompts = self.prompts(state_prefixes(messages, terminal=True))
-            ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-            text, z = [""] * len(ids), [None] * len(ids)
-            for base, members in plan_bases(ids, [history_tokens(self.tokenizer, p) for p in prompts]):
-                reads = [logit_readout_ids(self.tokenizer, prompts[k]) for k in members]
-                rows = [Row(cached, ids[k][cached:], draft_of(ids[k], context))
-                        for k, (context, _, _) in zip(members, reads)
-                        for cached in [min(common_prefix_length(ids[k], ids[base]), len(ids[k]) - 1)]]  # fmt: skip
-                decoder.prefill(ids[base][: max(row.cached for row in rows)])
-                decoder.answer(rows, decode=answers)
-                for k, row, (_, true_id, false_id) in zip(members, rows, reads):
-                    if answers:
-                        text[k] = answer_text(row.answer, self.stop_ids, self.tokenizer)
-                    if logits:  # a prompt whose readout context re-tokenizes its end gets its own pass
-                        z[k] = (float(row.draft_logprobs[true_id] - row.draft_logprobs[false_id]) if row.draft
-                                else self._logits([prompts[k]])[0])  # fmt: skip
-            texts.append(text)
-            zs.append(z)
-        return texts, zs
+        with SharedPrefixDecoder(self.model, max_new_tokens=self.max_new_tokens, stop_ids=self.stop_ids) as decoder:
+            self.prefix_stats = decoder.stats  # tokens read by this call
+            read = [self._read_trajectory(decoder, messages, answers, logits) for messages in trajectories]
+        return [text for text, _ in read], [z for _, z in read]
+
+    def _read_trajectory(self, decoder: Any, messages: list[dict], answers: bool,
+                         logits: bool) -> tuple[list[str], list[float | None]]:  # fmt: skip
+        """:meth:`_read_trajectories` of one trajectory on ``decoder`` (a ``SharedPrefixDecoder``)."""
+        from deltattg.meter.shared_prefix import Row, plan_bases
+
+        prompts = self.prompts(state_prefixes(messages, terminal=True))
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        text, z = [""] * len(ids), [None] * len(ids)
+        for base, members in plan_bases(ids, [history_tokens(self.tokenizer, p) for p in prompts]):
+            reads = [logit_readout_ids(self.tokenizer, prompts[k]) for k in members]
+            rows = [Row(cached, ids[k][cached:], draft_of(ids[k], context))
+                    for k, (context, _, _) in zip(members, reads)
+                    for cached in [min(common_prefix_length(ids[k], ids[base]), len(ids[k]) - 1)]]  # fmt: skip
+            decoder.prefill(ids[base][: max(row.cached for row in rows)])
+            decoder.answer(rows, decode=answers)
+            for k, row, (_, true_id, false_id) in zip(members, rows, reads):
+                if answers:
+                    text[k] = answer_text(row.answer, self.stop_ids, self.tokenizer)
+                if logits:  # a prompt whose readout context re-tokenizes its end gets its own pass
+                    z[k] = (float(row.draft_logprobs[true_id] - row.draft_logprobs[false_id]) if row.draft
+                            else self._logits([prompts[k]])[0])  # fmt: skip
+        return text, z
 
     def _reading(self, answer: str | None, z: float | None) -> MeterOutput | None:
         """One reading from a greedy answer and the E.4 logit, as ``readout`` asks; with the logit comes the
