@@ -52,6 +52,7 @@ def sdpa_sharing_kv_heads(module: torch.nn.Module, query: torch.Tensor, key: tor
 AttentionInterface.register(SDPA_SHARING_KV_HEADS, sdpa_sharing_kv_heads)
 AttentionMaskInterface.register(SDPA_SHARING_KV_HEADS, sdpa_mask)
 
+
 def plan_bases(prompts: Sequence[Sequence[int]], needed: Sequence[int]) -> list[tuple[int, list[int]]]:
     """``[(base, rows)]``: the prompts (indices) read on the cache of prompt ``base``, walking from the last prompt
     back; prompt k joins the current base when it shares at least its first ``needed[k]`` ids with it (its whole
