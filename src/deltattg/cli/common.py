@@ -65,20 +65,26 @@ SPLITS = ("(household, alfworld: train, valid_seen, valid_unseen; alfworld also 
           "base; tau2: retail)")
 
 
-def add_environment(parser: argparse.ArgumentParser, *, several_splits: bool = False) -> None:
-    """--env, --split, --short, --data and the search environment's --corpus / --retriever / --topk: which
-    environment and which of its tasks."""
+def add_environment(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, several_splits: bool = False,
+                    required: bool = True, split: bool = True, data_dest: str = "data") -> None:
+    """--env, --split (unless ``split`` is off: the tasks come from elsewhere), --short, --data (into ``data_dest``,
+    where the command has a positional DATA of its own) and the search environment's --corpus / --retriever /
+    --topk: which environment and which of its tasks."""
     from deltattg.envs.registry import ENVIRONMENTS
 
-    parser.add_argument("--env", required=True, choices=ENVIRONMENTS)
-    parser.add_argument("--split", help=("task split, or several separated by commas " if several_splits
-                                         else "task split ") + SPLITS)
+    parser.add_argument("--env", required=required, choices=ENVIRONMENTS,
+                        help=None if required else "the environment the records were played in (default: rebuilt "
+                        "from each record's env description)")
+    if split:
+        parser.add_argument("--split", help=("task split, or several separated by commas " if several_splits
+                                             else "task split ") + SPLITS)
     parser.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
-    parser.add_argument("--data", help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA); search: a question "
+    parser.add_argument("--data", dest=data_dest, help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA); search: a question "
                         "file (JSONL or Parquet) or a folder of them, one split per file; awm: an AWM release folder "
                         "(its gen_*.jsonl files; default: our example scenarios, as `deltattg awm-examples` writes "
                         "them)")
-    search = parser.add_argument_group("search environment (one of --corpus and --retriever)")
+    search = parser.add_argument_group("search environment (one of --corpus and --retriever)") if isinstance(
+        parser, argparse.ArgumentParser) else parser
     search.add_argument("--corpus", help="a passage corpus JSONL ({id, contents}), searched here with BM25")
     search.add_argument("--retriever", metavar="URL", help="a Search-R1 retrieval server (POST URL/retrieve), e.g. "
                         "`deltattg serve-retriever`")
@@ -195,3 +201,135 @@ def meter_of(args: argparse.Namespace):
                           tokenizer=getattr(args, "tokenizer", None), oracle=oracle)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def add_label_source(parser: argparse.ArgumentParser) -> None:
+    """--labels and what its sources read: the completer and its environment (``collect``'s options), the
+    completions per state, the bootstrap meter of ``td``."""
+    from deltattg.data.labels import LABEL_SOURCES
+    from deltattg.rollout.policies import SamplingConfig
+
+    group = parser.add_argument_group("label source (the README's Labels section)")
+    group.add_argument("--labels", choices=LABEL_SOURCES, default="outcome",
+                       help="what each decision state is taught: outcome = its own trajectory's outcome and "
+                       "remaining tokens (Eq. 1-2, the paper's); rollout = --completions K completions by --completer "
+                       "from the replayed state (b = their success rate, a soft target; v = mean remaining tokens of "
+                       "the successful ones); best-of-k = the same and the record's own continuation (b = any "
+                       "succeeded, v = the fewest remaining tokens among them); td = bootstrapped from "
+                       "--bootstrap-meter's readings of the next state, no replays. Default: outcome")
+    group.add_argument("--completer", metavar="POLICY", help="rollout, best-of-k: the policy that completes each "
+                       "state, as collect takes it (random, expert:EPS, lm:MODEL, lm:ACTOR_FOLDER)")
+    group.add_argument("--completions", type=number(int, low=1, high=1024), default=4, metavar="K",
+                       help="rollout, best-of-k: completions per decision state (default %(default)s)")
+    group.add_argument("--bootstrap-meter", metavar="METER", help="td: the meter whose readings of s_t+1 make the "
+                       "target of s_t (e.g. one trained with --labels outcome)")
+    group.add_argument("--td-lambda", type=probability, default=0.0, metavar="LAMBDA",
+                       help="td: λ of the TD(λ) target (0: one-step bootstrap, 1: the outcome labels; default 0)")
+    group.add_argument("--label-seed", type=seed_int, default=0, help="rollout, best-of-k: seed of the completions")
+    add_environment(group, required=False, split=False, data_dest="env_data")
+    group.add_argument("--max-turns", type=number(int, low=1, high=10**5),
+                       help="the turn limit of records that do not carry theirs (env.max_turns)")
+    group.add_argument("--completer-temperature", type=number(float, low=0, high=100),
+                       default=SamplingConfig.temperature, help="lm completers: sampling temperature (default "
+                       "%(default)s)")
+    group.add_argument("--completer-max-new-tokens", type=number(int, low=1, high=10**6), default=64,
+                       help="lm completers: tokens per action (default %(default)s)")
+
+
+def label_settings(args: argparse.Namespace):
+    """The ``LabelSettings`` of :func:`add_label_source`'s options (a usage error when they do not fit together)."""
+    from deltattg.rollout.collect import parse_policy
+    from deltattg.rollout.label_sources import LabelSettings
+
+    try:
+        completer = parse_policy(args.completer).resolved().text if args.completer else None
+        return LabelSettings(source=args.labels, completer=completer, completions=args.completions,
+                             seed=args.label_seed, bootstrap_meter=args.bootstrap_meter, td_lambda=args.td_lambda)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, path: str, *, cache: bool = False):
+    """The labels of ``items`` from :func:`add_label_source`'s source, kept in the label file ``path`` (resumed where
+    an earlier run left it; a ``cache`` may hold other trajectories' labels too); returns ``(labels by trajectory
+    id, LabelReport)``."""
+    from deltattg.data.tokens import ActionTokens, resolve_step_tokens
+    from deltattg.rollout.label_sources import make_labels
+
+    settings = label_settings(args)
+    tokens = []
+    for item in items:
+        try:
+            tokens.append(resolve_step_tokens(item.trajectory, tokenizer))
+        except InputError as exc:
+            raise exc.located(path=item.path, line=item.line) from None
+    completer = count_action = bootstrap = make_env = None
+    if settings.completer:
+        if tokenizer is None:
+            raise UsageError(f"--labels {settings.source} counts the completions' tokens: give --tokenizer "
+                             "NAME_OR_PATH (the one the records' step_tokens were counted with)")
+        count_action = ActionTokens(tokenizer)
+        make_env = labelling_environment(args)
+        completer = _completer(args, settings, make_env)
+    if settings.bootstrap_meter:
+        bootstrap = _bootstrap(settings.bootstrap_meter, args.tokenizer)
+    return make_labels(items, tokens, settings, path, completer=completer, count_action=count_action,
+                       bootstrap=bootstrap, make_env=make_env, max_turns=args.max_turns, keep_others=cache,
+                       progress=getattr(args, "progress", True))
+
+
+def labelling_environment(args: argparse.Namespace):
+    """The constructor of the environment the command line names (``--env`` and its options), or ``None``: each
+    record's own ``env`` description is rebuilt. Refused up front when it cannot be built here."""
+    if args.env is None:
+        if any(getattr(args, name, None) for name in ("short", "env_data", "corpus", "retriever", "topk")):
+            raise UsageError("--short, --data, --corpus, --retriever and --topk describe the environment of --env")
+        return None
+    from deltattg.envs.registry import env_factory
+
+    try:
+        return env_factory(args.env, data=args.env_data, size="short" if args.short else "full",
+                           **environment_options(args))
+    except (ValueError, ImportError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _completer(args: argparse.Namespace, settings: Any, make_env: Any):
+    """A zero-argument builder of the completion policy (a model is loaded only when something is left to label)."""
+    from deltattg.rollout.collect import build_policy, parse_policy
+    from deltattg.rollout.policies import SamplingConfig
+    from deltattg.rollout.prompts import PromptConfig
+
+    spec = parse_policy(settings.completer)
+    sampling = SamplingConfig(temperature=args.completer_temperature, max_new_tokens=args.completer_max_new_tokens)
+
+    def build():
+        import torch
+
+        torch.manual_seed(settings.seed)
+        layout = getattr(make_env(), "prompt_layout", "window") if make_env is not None else "window"
+        try:
+            return build_policy(spec, settings.seed, sampling, PromptConfig(layout=layout))
+        except (ValueError, ImportError, OSError) as exc:
+            raise UsageError(f"--completer {settings.completer}: {exc}") from None
+
+    return build
+
+
+def _bootstrap(meter_path: str, tokenizer: str | None):
+    """td's reader: a meter's (p̂, v̂) of every state s_0..s_T of trajectories (p̂: its calibrated probability where
+    it gives one, else its b̂), None for an invalid reading."""
+    from deltattg.meter.loading import load_meter, read_states
+
+    try:
+        meter = load_meter(meter_path, tokenizer=tokenizer)
+    except ValueError as exc:
+        raise UsageError(f"--bootstrap-meter {meter_path}: {exc}") from None
+
+    def read(trajectories):
+        rows, _ = read_states(meter, list(trajectories), terminal=True)
+        return [[None if r is None or r.can_complete is None else
+                 (r.probability if r.probability is not None else float(r.can_complete), r.tokens_to_go)
+                 for r in row] for row in rows]  # fmt: skip
+
+    return read

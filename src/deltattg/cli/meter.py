@@ -9,11 +9,14 @@ import sys
 from collections.abc import Sequence
 
 from deltattg.cli.common import (
+    add_label_source,
     add_meter_source,
     add_setting,
     add_skip_invalid,
     add_tokenizer,
     check_out,
+    compute_labels,
+    label_settings,
     meter_of,
     read_records,
     tokenizer_of,
@@ -72,11 +75,21 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
 
     check_out(args.out, args.data, args.split, folder=True)
     _check_kind_options(args)
+    labelling = label_settings(args)
     check_meter_output(args.out, model=args.model, tokenizer=args.tokenizer)
     items = select_split(read_records(args.data, args.skip_invalid), args.split, args.subset)
     if not items:
         raise UsageError("no trajectories left to train on (check --split / --subset)")
     limit = records_turn_limit(items) if args.turn_limit == "auto" else args.turn_limit
+    tokenizer = tokenizer_of(args.tokenizer)
+    labels = label_report = None
+    if labelling.source != "outcome":  # kept beside the pool: computed once, resumed if interrupted
+        from deltattg.rollout.label_sources import label_cache_path, print_report
+
+        cache = label_cache_path(args.data, labelling, environment=vars(args))
+        print(f"labels ({labelling.source}): {cache}", file=sys.stderr)
+        labels, label_report = compute_labels(args, items, tokenizer, str(cache), cache=True)
+        print_report(label_report, labels)
     heldout: list = []
     if args.calibration_fraction:
         from deltattg.data.sources import split_by_task
@@ -85,17 +98,17 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
         if not items or not heldout:
             raise UsageError(f"--calibration-fraction {args.calibration_fraction} leaves no tasks to train on or none "
                              "to calibrate on")
-    tokenizer = tokenizer_of(args.tokenizer)
     if args.kind == "regression":
         meter_settings = {"max_length": args.max_length, "max_message_chars": args.max_message_chars,
                           "pooling": args.pooling, "target": args.target, "ensemble": args.ensemble, "layer": args.layer,
-                          "turn_limit": limit}  # fmt: skip
+                          "turn_limit": limit, "labels": labelling.to_json()}  # fmt: skip
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
                           "batch_size": args.batch_size, "seed": args.seed}
         if args.lr is not None:
             train_settings["lr_head_frozen" if not args.full else "lr_backbone"] = args.lr
         report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer, meter_settings=meter_settings,
-                                  train_settings=train_settings, calibration=heldout)  # fmt: skip
+                                  train_settings=train_settings, calibration=heldout, labels=labels,
+                                  label_report=label_report)  # fmt: skip
         print(f"{report['examples']} decision states; final loss {report['final_loss']:.4f}", file=sys.stderr)
     else:
         settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
@@ -103,7 +116,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
             settings["learning_rate"] = args.lr
         report = train_generative(items, args.model, args.out, stage=args.stage, count_tokenizer=tokenizer,
                                   max_prompt_tokens=args.max_length, lora=args.lora, train_settings=settings,
-                                  turn_limit=limit, calibration=heldout)  # fmt: skip
+                                  turn_limit=limit, calibration=heldout, labels=labels, labelling=labelling,
+                                  label_report=label_report)  # fmt: skip
     if "calibration" in report:
         fit = report["calibration"]
         print(f"completion temperature {fit['temperature']:.3f} on {fit['states']} held-out states (ECE "
@@ -206,8 +220,9 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
           f"accuracy, Spearman {fit.spearman:.3f} of predicted vs true TTG ({len(fit.success)} states)")
     if agree is not None:
         results["reference"] = {"meter": args.reference, **agree.as_dict()}
-        print(f"against {args.reference}: b agrees on {agree.completion_agreement:.1%} of {agree.states} states, "
-              f"Spearman {agree.ttg_spearman:.3f} of the two meters' TTG")
+        print(f"against {args.reference}: b agrees on {agree.completion_agreement:.1%} of {agree.states} states "
+              f"(balanced accuracy {agree.b_balanced_accuracy:.3f} against its b, {agree.reference_completable} "
+              f"completable), Spearman {agree.ttg_spearman:.3f} of the two meters' TTG")
     if args.json:
         write_json(args.json, results)
     return 0
@@ -222,7 +237,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "train-meter",
         help="train a progress meter (regression head, or generative SFT + GRPO)",
         description="Train a Token-to-Go progress meter on recorded trajectories (ours or AgentProcessBench records). "
-        "Labels come from trajectory outcomes and token counts only (Eq. 1-2); step labels never enter training. "
+        "Labels come from trajectory outcomes and token counts (Eq. 1-2, --labels outcome) or from completions of the "
+        "replayed states (--labels rollout / best-of-k, computed once and kept beside DATA in DATA.labels/, resumed "
+        "if interrupted) or bootstrapped (--labels td); meter_config.json names the source. Step labels never enter "
+        "training. "
         "regression: backbone + head predicting the completion logit and log1p(TTG), every decision state of a "
         "trajectory read in one pass; by default the backbone is frozen and its features cached, so only the head "
         "trains (fast on CPU). generative: the paper's meter, SFT on the JSON answer (Eq. 3) then GRPO refinement "
@@ -263,6 +281,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              "deltattg_robust's soft readout; train_report.json and reliability.png show the fit; "
                              "default 0: T = 1")
     add_setting(train_meter, "--seed", RegressionTrainConfig, "seed", type=seed_int)
+    add_label_source(train_meter)
     add_tokenizer(train_meter)
     add_skip_invalid(train_meter)
     train_meter.set_defaults(func=cmd_train_meter)
@@ -288,12 +307,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Read every nonterminal decision state of DATA's trajectories with --meter and compare with the "
         "labels (Eq. 1-2): completion accuracy (b against the trajectory's outcome) and Spearman's rho of predicted "
         "against true Token-to-Go on the successful trajectories' states. With --reference (a meter folder, e.g. one "
-        "trained in DATA's own domain): how often the two meters' b agree and the Spearman of their TTG, state by "
-        "state (cross-domain transfer, paper 5.3). Input without a decision state is refused (exit 2); exits 3 when "
+        "trained in DATA's own domain, or oracle): how often the two meters' b agree, the balanced accuracy of "
+        "--meter's b against the reference's (the mean over the reference's completable and hopeless states of the "
+        "share read alike) and the Spearman of their TTG, state by state (cross-domain transfer, paper 5.3; a "
+        "learned meter against the planner). Input without a decision state is refused (exit 2); exits 3 when "
         "not one reading is valid.",
     )
     eval_meter.add_argument("data", help="trajectory JSONL with outcomes (collect's output)")
-    eval_meter.add_argument("--reference", help="a second meter read on the same states")
+    eval_meter.add_argument("--reference", help="a second meter read on the same states, taken as the reference: a "
+                            "meter folder, or 'oracle' (household rollouts: the planner, tokens counted with "
+                            "--tokenizer)")
     eval_meter.add_argument("--json", help="also write the numbers as JSON here")
     add_meter_source(eval_meter)
     add_tokenizer(eval_meter)

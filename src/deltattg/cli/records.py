@@ -8,7 +8,16 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from deltattg.cli.common import add_skip_invalid, add_tokenizer, check_out, read_records, tokenizer_of
+from deltattg.cli.common import (
+    add_label_source,
+    add_skip_invalid,
+    add_tokenizer,
+    check_out,
+    compute_labels,
+    label_settings,
+    read_records,
+    tokenizer_of,
+)
 from deltattg.command import UsageError, number, positive_int
 from deltattg.errors import InputError
 
@@ -73,16 +82,26 @@ def credit_config(args: argparse.Namespace) -> CreditConfig:
 
 
 def cmd_labels(args: argparse.Namespace) -> int:
-    """Write one label record per decision prefix (Eq. 1–2)."""
+    """Write one label record per decision prefix: the paper's (Eq. 1–2), or from another ``--labels`` source."""
     from tqdm import tqdm
 
     from deltattg.data.jsonl import write_jsonl
     from deltattg.data.labels import prefix_labels
-    from deltattg.data.tokens import resolve_step_tokens
 
-    check_out(args.out, args.input)
+    settings = label_settings(args)  # refused before anything is read
+    if settings.source != "outcome" and (args.target != "ttg" or args.terminal):
+        raise UsageError(f"--labels {settings.source} labels Token-to-Go of the nonterminal states: it takes neither "
+                         "--target steps/score nor --terminal")
+    check_out(args.out, args.input, settings.bootstrap_meter)
     items = read_records(args.input, args.skip_invalid)
     tokenizer = tokenizer_of(args.tokenizer)
+    if settings.source != "outcome":
+        from deltattg.rollout.label_sources import print_report
+
+        labels, report = compute_labels(args, items, tokenizer, args.out)
+        print_report(report, labels)
+        print(f"wrote {report.states} prefix labels from {len(items)} trajectories to {args.out}", file=sys.stderr)
+        return 0
 
     def records():
         for item in tqdm(items, desc="labels", unit="traj", disable=not args.progress):
@@ -91,6 +110,8 @@ def cmd_labels(args: argparse.Namespace) -> int:
                 yield from prefix_labels(item.trajectory, tokens, target=args.target, terminal=args.terminal)
             except InputError as exc:
                 raise exc.located(path=item.path, line=item.line) from None
+
+    from deltattg.data.tokens import resolve_step_tokens
 
     count = write_jsonl(args.out, records())
     print(f"wrote {count} prefix labels from {len(items)} trajectories to {args.out}", file=sys.stderr)
@@ -181,17 +202,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     labels = sub.add_parser(
         "labels",
-        help="Token-to-Go labels for every decision prefix (Eq. 1-2)",
+        help="Token-to-Go labels for every decision prefix (Eq. 1-2, or from replayed states)",
         description="One record per decision prefix t = 0..T-1 of every trajectory: id, group, step, can_complete "
-        "(= success) and the target (tokens_to_go | steps_to_go | score; null for unsuccessful trajectories), plus "
-        "the prefix messages when the input has messages. Input: our trajectory JSONL or AgentProcessBench records.",
+        "and the target (tokens_to_go | steps_to_go | score; null where the state is not completable), the label's "
+        "source, plus the prefix messages when the input has messages. --labels outcome (default): the paper's "
+        "labels, can_complete = the trajectory's success. --labels rollout / best-of-k: the environment is put back "
+        "into each recorded state (reset + the recorded actions, every observation checked against the record; a "
+        "state that does not reproduce keeps its outcome label, counted) and --completer finishes the episode "
+        "--completions times within the turns the record had left; --labels td: bootstrapped from "
+        "--bootstrap-meter's readings. These are appended trajectory by trajectory: the same command resumes a "
+        "killed run. Input: our trajectory JSONL or AgentProcessBench records (outcome labels only: they carry no "
+        "environment to replay).",
     )
     labels.add_argument("input", help="trajectory JSONL")
-    labels.add_argument("--out", required=True, help="label JSONL to write")
+    labels.add_argument("--out", required=True, help="label JSONL to write (resumed when it holds labels of the same "
+                        "settings from a killed run)")
     labels.add_argument("--target", choices=TARGETS, default="ttg", help="ttg: remaining assistant tokens (Eq. 1); "
                         "steps: remaining action units (E.6); score: the final outcome (E.6). Default: ttg")
     labels.add_argument("--terminal", action="store_true", help="also label the terminal prefix t = T")
     labels.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_label_source(labels)
     add_tokenizer(labels)
     add_skip_invalid(labels)
     labels.set_defaults(func=cmd_labels)

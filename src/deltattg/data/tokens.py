@@ -83,3 +83,19 @@ def resolve_step_tokens(traj: Trajectory, tokenizer: Any | None) -> list[int]:
     if tokenizer is None:
         raise InputError("no step_tokens: pass --tokenizer NAME_OR_PATH to count them", field="step_tokens")
     return count_step_tokens(traj.messages, tokenizer)
+
+
+class ActionTokens:
+    """n of one action given as text: its assistant turn as ``tokenizer``'s chat template renders it after a user turn
+    (:func:`count_step_tokens` of that two-message chat), memoised per text — how the oracle counts the expert's
+    remaining actions and completions count a completer's actions that carry no token ids."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._counts: dict[str, int] = {}
+
+    def __call__(self, action: str) -> int:
+        if action not in self._counts:
+            turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": action}]
+            self._counts[action] = count_step_tokens(turn, self.tokenizer)[0]
+        return self._counts[action]

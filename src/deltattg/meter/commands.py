@@ -15,6 +15,7 @@ from typing import Any
 from deltattg.command import UsageError
 from deltattg.data.sources import Located
 from deltattg.data.tokens import resolve_step_tokens
+from deltattg.data.labels import StateLabel
 from deltattg.data.trajectory import Trajectory, assistant_indices
 from deltattg.errors import InputError
 from deltattg.meter.base import Meter
@@ -185,10 +186,13 @@ def announce_training(kind: str, trajectories: int, turn_limit: int | None) -> N
 
 def train_regression(items: Sequence[Located], model: str, output_dir: str, *, count_tokenizer: Any = None,
                      meter_settings: dict[str, Any], train_settings: dict[str, Any],
-                     calibration: Sequence[Located] = ()) -> dict:
-    """A regression meter on ``model``'s backbone, trained on every decision state of ``items`` (outcomes only);
-    with ``calibration`` trajectories, its completion temperature fitted on their states (report: ``calibration``).
-    Every record is checked before training starts; the meter appears at ``output_dir`` whole, or not at all."""
+                     calibration: Sequence[Located] = (), labels: dict[str, list[StateLabel]] | None = None,
+                     label_report: Any = None) -> dict:
+    """A regression meter on ``model``'s backbone, trained on every decision state of ``items`` (their outcomes, or
+    ``labels`` by trajectory id from a label source, ``rollout.label_sources``); with ``calibration`` trajectories,
+    its completion temperature fitted on their states against the same kind of labels (report: ``calibration``;
+    ``labels`` with ``label_report``'s cost). Every record is checked before training starts; the meter appears at
+    ``output_dir`` whole, or not at all."""
     from deltattg.meter.regression import RegressionMeter
     from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 
@@ -203,7 +207,8 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
         windows, examples = [], []
         for item in items:
             w, e = trajectory_examples(meter, _messages(item), item.trajectory.success,
-                                       _located_tokens(item, tokenizer), len(windows), item.trajectory.reward)
+                                       _located_tokens(item, tokenizer), len(windows), item.trajectory.reward,
+                                       None if labels is None else labels[item.trajectory.id])  # fmt: skip
             windows += w
             examples += e
         heldout = [_trajectory(item) for item in calibration]
@@ -211,20 +216,30 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
         announce_training("regression", len(items), meter_settings.get("turn_limit"))
         report = train_regression_meter(meter, windows, examples, settings)
         if heldout:
-            report["calibration"] = calibrate_meter(meter.eval(), meter, heldout, work)
+            report["calibration"] = calibrate_meter(meter.eval(), meter, heldout, work, completion_targets(labels))
             meter.save_pretrained(work, include_backbone=not settings.freeze_backbone)
+        if heldout or label_report is not None:
+            if label_report is not None:
+                report["labels"] = label_report.as_dict()
             (work / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def calibrate_meter(meter: Any, reader: Any, heldout: Sequence[Trajectory], folder: Path) -> dict:
+def completion_targets(labels: dict[str, list[StateLabel]] | None) -> dict[str, list[float]] | None:
+    """Each trajectory's completion target per state, from labels by trajectory id (None: the outcomes)."""
+    return None if labels is None else {key: [label.target for label in states] for key, states in labels.items()}
+
+
+def calibrate_meter(meter: Any, reader: Any, heldout: Sequence[Trajectory], folder: Path,
+                    targets: dict[str, list[float]] | None = None) -> dict:
     """Fit ``meter``'s completion temperature on the held-out trajectories' states as ``reader`` reads them (the
-    meter itself, or a generative meter's logit-only view of the same model), set it on the meter, and draw the
-    reliability diagram to ``folder/reliability.png``; returns the fit (``Calibration.as_dict()``)."""
+    meter itself, or a generative meter's logit-only view of the same model) against their outcomes or the
+    ``targets`` it learned, set it on the meter, and draw the reliability diagram to ``folder/reliability.png``;
+    returns the fit (``Calibration.as_dict()``)."""
     from deltattg.meter.fit import calibrate
     from deltattg.report import save_reliability_diagram
 
-    fit = calibrate(reader, heldout).as_dict()
+    fit = calibrate(reader, heldout, targets).as_dict()
     meter.set_temperature(fit["temperature"])
     save_reliability_diagram(fit, folder / RELIABILITY_FIGURE)
     return fit
@@ -232,7 +247,9 @@ def calibrate_meter(meter: Any, reader: Any, heldout: Sequence[Trajectory], fold
 
 def train_generative(items: Sequence[Located], model: str, output_dir: str, *, stage: str, count_tokenizer: Any = None,
                      max_prompt_tokens: int | None, lora: bool, train_settings: dict[str, Any],
-                     turn_limit: int | None = None, calibration: Sequence[Located] = ()) -> dict:
+                     turn_limit: int | None = None, calibration: Sequence[Located] = (),
+                     labels: dict[str, list[StateLabel]] | None = None, labelling: Any = None,
+                     label_report: Any = None) -> dict:
     """The paper's generative meter: SFT (Eq. 3), then optionally GRPO refinement (D.2, our reconstructed reward);
     with ``turn_limit``, every prompt states the turns left (and the meter keeps the limit); with ``calibration``
     trajectories, the temperature of its p̃ = p(true) / (p(true) + p(false)) fitted on their states (report:
@@ -242,7 +259,8 @@ def train_generative(items: Sequence[Located], model: str, output_dir: str, *, s
     from deltattg.meter.train_generative import train_grpo, train_sft
 
     with staged_meter_folder(output_dir) as work:
-        meter, dataset = _generative_data(items, model, count_tokenizer, max_prompt_tokens, turn_limit)
+        meter, dataset = _generative_data(items, model, count_tokenizer, max_prompt_tokens, turn_limit, labels,
+                                          labelling)  # fmt: skip
         sft_target = work / "sft" if stage == "sft+grpo" else work
         sft_args, grpo_args = _generative_configs(stage, sft_target, work, meter.max_new_tokens, train_settings)
         peft = None
@@ -258,28 +276,40 @@ def train_generative(items: Sequence[Located], model: str, output_dir: str, *, s
             meter = train_grpo(meter, dataset, work, args=grpo_args, peft_config=peft,
                                resume_from_checkpoint=_latest_checkpoint(work))
         report: dict[str, Any] = {"examples": len(dataset), "stage": stage}
+        if label_report is not None:
+            report["labels"] = label_report.as_dict()
         heldout = [_trajectory(item) for item in calibration]
         if heldout:
-            report["calibration"] = calibrate_meter(meter, meter.with_settings(readout="logit"), heldout, work)
+            report["calibration"] = calibrate_meter(meter, meter.with_settings(readout="logit"), heldout, work,
+                                                    completion_targets(labels))  # fmt: skip
             meter.save_config(work)
         (work / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
 def _generative_data(items: Sequence[Located], model: str, count_tokenizer: Any, max_prompt_tokens: int | None,
-                     turn_limit: int | None) -> tuple[Any, Any]:
-    """The untrained generative meter and its training dataset; a bad record is refused with its file and line, a
-    model or prompt budget the meter cannot use (``--max-length`` below its instruction) as a usage error."""
+                     turn_limit: int | None, labels: dict[str, list[StateLabel]] | None = None,
+                     labelling: Any = None) -> tuple[Any, Any]:
+    """The untrained generative meter and its training dataset (the outcome labels, or ``labels`` by trajectory id
+    from the label source ``labelling``); a bad record is refused with its file and line, a model or prompt budget
+    the meter cannot use (``--max-length`` below its instruction) as a usage error."""
     from deltattg.meter.generative import GenerativeMeter
     from deltattg.meter.train_generative import meter_dataset, trajectory_records
+    from deltattg.data.labels import LabelSettings, label_records
 
     try:
-        meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit, readout="both", **(
+        labelling = labelling or LabelSettings()
+        meter = GenerativeMeter.from_pretrained(model, turn_limit=turn_limit, readout="both",
+                                                labels=labelling.to_json(), **(
             {"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
         tokenizer = count_tokenizer or meter.tokenizer
         for item in items:
             _located_tokens(item, tokenizer)  # locate bad records before any training starts
-        records = list(trajectory_records([item.trajectory for item in items], tokenizer))
+        if labels is None:
+            records = list(trajectory_records([item.trajectory for item in items], tokenizer))
+        else:
+            records = [r for item in items for r in label_records(item.trajectory, labels[item.trajectory.id],
+                                                                   labelling)]  # fmt: skip
         return meter, meter_dataset(records, meter.tokenizer, meter.max_prompt_tokens, meter.turn_limit)
     except InputError:
         raise

@@ -103,30 +103,47 @@ def fit_of(trajectories: Sequence[Trajectory], readings: Sequence[Sequence[Any]]
 
 @dataclass(frozen=True)
 class Agreement:
-    """Two meters on the same nonterminal decision states (those both read validly)."""
+    """Two meters on the same nonterminal decision states (those both read validly), the second taken as the
+    reference: how often their b̂ agree, the balanced accuracy of ours against the reference's b̂ (the mean of the
+    shares of its completable and of its hopeless states that ours reads alike: a meter that reads every state one
+    way scores 0.5 however the states divide), and the Spearman of their v̂ where both give one."""
 
     states: int
     completion_agreement: float  # share of states where their b̂ agree
     ttg_spearman: float  # Spearman's ρ of their v̂ (where both give one)
+    b_balanced_accuracy: float = float("nan")  # ours against the reference's b̂, balanced over its two classes
+    reference_completable: int = 0  # states the reference reads completable
 
     def as_dict(self) -> dict[str, float]:
         return {"states": self.states, "completion_agreement": self.completion_agreement,
+                "b_balanced_accuracy": self.b_balanced_accuracy, "reference_completable": self.reference_completable,
                 "ttg_spearman": self.ttg_spearman}  # fmt: skip
 
 
+def balanced_accuracy(predicted: Sequence[bool], truth: Sequence[bool]) -> float:
+    """The mean over the two classes of ``truth`` of the share ``predicted`` gets right (NaN where a class is empty)."""
+    rates = []
+    for cls in (True, False):
+        hits = [p == t for p, t in zip(predicted, truth) if t == cls]
+        rates.append(mean(hits))
+    return mean(rates) if all(r == r for r in rates) else float("nan")
+
+
 def agreement_of(ours: Sequence[Sequence[Any]], theirs: Sequence[Sequence[Any]]) -> Agreement:
-    """How one meter agrees with another on the same nonterminal decision states: their ``read_states`` rows of the
-    same trajectories."""
+    """How one meter agrees with a reference meter on the same nonterminal decision states: their ``read_states`` rows
+    of the same trajectories."""
     pairs = [(a, b) for row_a, row_b in zip(ours, theirs) for a, b in zip(row_a, row_b)
              if a is not None and b is not None]  # fmt: skip
     ttg = [(a.tokens_to_go, b.tokens_to_go) for a, b in pairs
            if a.tokens_to_go is not None and b.tokens_to_go is not None]  # fmt: skip
-    return Agreement(len(pairs), mean([a.can_complete == b.can_complete for a, b in pairs]),
-                     spearman([a for a, _ in ttg], [b for _, b in ttg]))  # fmt: skip
+    predicted, truth = [bool(a.can_complete) for a, _ in pairs], [bool(b.can_complete) for _, b in pairs]
+    return Agreement(len(pairs), mean([p == t for p, t in zip(predicted, truth)]),
+                     spearman([a for a, _ in ttg], [b for _, b in ttg]), balanced_accuracy(predicted, truth),
+                     sum(truth))  # fmt: skip
 
 
 # ---- calibration of the completion probability ----------------------------------------------------------------------
-def fit_temperature(logits: Sequence[float], outcomes: Sequence[bool]) -> float:
+def fit_temperature(logits: Sequence[float], outcomes: Sequence[float]) -> float:
     """Temperature scaling (Guo et al. 2017): the T > 0 that minimises the mean negative log-likelihood of the
     outcomes under p̃ = σ(logit / T), over held-out states; 1.0 when the states hold a single outcome (nothing to fit)
     or none. T is searched in [e⁻⁵, e⁵] by L-BFGS on log T."""
@@ -187,14 +204,17 @@ class Calibration:
         return dict(vars(self))
 
 
-def calibrate(meter: Any, trajectories: Sequence[Trajectory]) -> Calibration:
+def calibrate(meter: Any, trajectories: Sequence[Trajectory], targets: dict[str, Sequence[float]] | None = None
+              ) -> Calibration:
     """Fit a completion temperature to ``meter``'s logits on every nonterminal decision state of the held-out
-    ``trajectories`` (labels: their outcomes). The meter is left as it is: the caller sets the temperature (a
-    generative meter is read with ``readout="logit"`` here, so that every state has a logit)."""
+    ``trajectories`` against their outcomes — or, with ``targets`` (trajectory id → the completion target of each
+    state, from the label source the meter learned), against those. The meter is left as it is: the caller sets the
+    temperature (a generative meter is read with ``readout="logit"`` here, so that every state has a logit)."""
     import math
 
     readings, _ = read_states(meter, trajectories)
-    pairs = [(r.logit, t.success) for t, row in zip(trajectories, readings) for r in row
+    pairs = [(r.logit, t.success if targets is None else targets[t.id][k])
+             for t, row in zip(trajectories, readings) for k, r in enumerate(row)
              if r is not None and r.logit is not None]  # fmt: skip
     logits, outcomes = [z for z, _ in pairs], [y for _, y in pairs]
     temperature = fit_temperature(logits, outcomes)
@@ -204,7 +224,8 @@ def calibrate(meter: Any, trajectories: Sequence[Trajectory]) -> Calibration:
 
     def nll(t: float) -> float:
         eps = 1e-12
-        return mean([-math.log(max(p if y else 1.0 - p, eps)) for p, y in zip(probabilities(t), outcomes)])
+        return mean([-(y * math.log(max(p, eps)) + (1.0 - y) * math.log(max(1.0 - p, eps)))
+                     for p, y in zip(probabilities(t), map(float, outcomes))])  # fmt: skip
 
     return Calibration(temperature, len(pairs), nll(1.0), nll(temperature),
                        expected_calibration_error(probabilities(1.0), outcomes),

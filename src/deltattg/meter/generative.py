@@ -138,8 +138,8 @@ def read_meter_config(directory: str | os.PathLike) -> dict[str, Any]:
             f"{path}: the meter was trained on prompt version {config.get('prompt_version')}, "
             f"this library writes version {PROMPT_VERSION}; retrain it"
         )
-    return {k: config[k] for k in ("max_prompt_tokens", "max_new_tokens", "turn_limit", "temperature", "readout")
-            if k in config}
+    return {k: config[k] for k in ("max_prompt_tokens", "max_new_tokens", "turn_limit", "temperature", "readout",
+                                    "labels") if k in config}  # fmt: skip
 
 
 class GenerativeMeter:
@@ -166,6 +166,7 @@ class GenerativeMeter:
         name: str = "model",
         turn_limit: int | None = None,
         temperature: float = 1.0,
+        labels: dict[str, Any] | None = None,
     ):
         if readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
@@ -187,6 +188,7 @@ class GenerativeMeter:
         self.name = name
         self.turn_limit = turn_limit  # the episodes' turn limit: each prompt states the turns left
         self.temperature = float(temperature)  # p̃ = σ(z / temperature), fitted on held-out states
+        self.labels = labels  # the label source it was trained on (``rollout.label_sources.LabelSettings``)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self._digest: tuple[tuple, str] | None = None
         self.prefix_stats: Any = None  # tokens read by the latest score_trajectories (a PrefixStats)
@@ -227,6 +229,7 @@ class GenerativeMeter:
             "turn_limit": self.turn_limit,
             "temperature": self.temperature,
             "readout": self.readout,
+            "labels": self.labels,
         }
         with open(os.path.join(directory, CONFIG_NAME), "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
@@ -322,7 +325,7 @@ class GenerativeMeter:
         """The constructor's keyword settings of this meter."""
         return {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens,
                 "batch_size": self.batch_size, "readout": self.readout, "name": self.name,
-                "turn_limit": self.turn_limit, "temperature": self.temperature}  # fmt: skip
+                "turn_limit": self.turn_limit, "temperature": self.temperature, "labels": self.labels}  # fmt: skip
 
     def with_settings(self, **changes: Any) -> GenerativeMeter:
         """A meter on the same model and tokenizer with some settings changed (e.g. ``readout``)."""

@@ -53,6 +53,7 @@ def read_meter_config(path: str | Path) -> dict | None:
     else:
         check_turn_limit(config, str(file))
         check_temperature(config, str(file))
+        check_label_source(config, str(file))
         if config.get("readout", "answer") not in ("answer", "logit", "both"):
             raise InputError(f"must be answer, logit or both, got {config['readout']!r}", path=str(file),
                              field="readout")
@@ -89,6 +90,17 @@ def _check_regression_config(config: dict, file: str) -> None:
         raise InputError(f"must be null or a decoder layer (1, 2, ...), got {layer!r}", path=file, field="layer")
     check_temperature(config, file)
     check_turn_limit(config, file)
+    check_label_source(config, file)
+
+
+def check_label_source(config: dict, file: str) -> None:
+    """A meter config's ``labels`` (the label source it was trained on) is null (absent) or an object naming its
+    ``source``."""
+    from deltattg.errors import InputError
+
+    labels = config.get("labels")
+    if labels is not None and not (isinstance(labels, dict) and isinstance(labels.get("source"), str)):
+        raise InputError(f'must be null or {{"source": ..., ...}}, got {labels!r}', path=file, field="labels")
 
 
 def check_temperature(config: dict, file: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from deltattg.data.tokens import count_step_tokens
+from deltattg.data.tokens import ActionTokens
 from deltattg.data.trajectory import MAX_TOKENS_TO_GO, MeterOutput, Trajectory
 from deltattg.envs.household.progress import ExpertPaths, replay
 from deltattg.errors import InputError
@@ -93,7 +93,7 @@ class OracleMeter:
         self.tokenizer = tokenizer
         self.config = config
         self._paths = ExpertPaths()
-        self._tokens: dict[str, int] = {}
+        self.action_tokens = ActionTokens(tokenizer)  # n of one action, as ``labels`` counts it
 
     @property
     def meter_id(self) -> str:
@@ -106,13 +106,6 @@ class OracleMeter:
     def errs(self) -> bool:
         c = self.config
         return bool(c.noise or c.flip or c.false_negative or c.missed_failure)
-
-    def action_tokens(self, action: str) -> int:
-        """n of one action: its assistant turn rendered by the chat template (``data.tokens.count_step_tokens``)."""
-        if action not in self._tokens:
-            turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": action}]
-            self._tokens[action] = count_step_tokens(turn, self.tokenizer)[0]
-        return self._tokens[action]
 
     def read_trajectory(self, trajectory: Trajectory, terminal: bool = False) -> list[MeterOutput]:
         """Readings of h_0..h_{T−1} (and h_T with ``terminal``); raises ``InputError`` if the record does not replay."""

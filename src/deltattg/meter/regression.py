@@ -68,6 +68,7 @@ class RegressionConfig:
                                 "layer count) instead of its final state")
     temperature: float = 1.0  # p̃ = σ(logit / temperature), fitted on held-out states (deltattg.meter.fit)
     turn_limit: int | None = None  # the episodes' turn limit: each decision state is marked with the turns left
+    labels: dict | None = None  # the label source it was trained on (``rollout.label_sources.LabelSettings``)
     kind: str = "regression"
     format_version: int = REGRESSION_FORMAT_VERSION
 
@@ -233,13 +234,16 @@ def readings_from_head(outputs: Tensor, target: str = "ttg", temperature: float 
 
 
 
-def progress_loss(outputs: Tensor, can_complete: Tensor, tokens_to_go: Tensor, regression_weight: float = 1.0) -> Tensor:
-    """BCE on the completion logit + smooth-L1 on log1p(TTG) over completable states (E.6 style)."""
+def progress_loss(outputs: Tensor, can_complete: Tensor, tokens_to_go: Tensor, regression_weight: float = 1.0,
+                  known: Tensor | None = None) -> Tensor:
+    """BCE of the completion logit against the completion target (1/0, or a soft rate) + smooth-L1 on log1p(TTG) over
+    the states whose Token-to-Go is ``known`` (default: the completable ones) (E.6 style)."""
     bce = nn.functional.binary_cross_entropy_with_logits(outputs[:, 0], can_complete.float())
-    if not can_complete.any():
+    known = can_complete.float() >= 0.5 if known is None else known
+    if not known.any():
         return bce
-    target = torch.log1p(tokens_to_go[can_complete].float())
-    return bce + regression_weight * nn.functional.smooth_l1_loss(outputs[can_complete, 1], target)
+    target = torch.log1p(tokens_to_go[known].float())
+    return bce + regression_weight * nn.functional.smooth_l1_loss(outputs[known, 1], target)
 
 
 def score_loss(outputs: Tensor, can_complete: Tensor, score: Tensor, regression_weight: float = 1.0) -> Tensor:
@@ -248,9 +252,13 @@ def score_loss(outputs: Tensor, can_complete: Tensor, score: Tensor, regression_
     return bce + regression_weight * nn.functional.smooth_l1_loss(outputs[:, 1], score.float())
 
 
-def meter_loss(target: str, outputs: Tensor, can_complete: Tensor, value: Tensor, regression_weight: float) -> Tensor:
-    """The training loss of a ``target`` meter (``progress_loss`` or ``score_loss``)."""
-    return (score_loss if target == "score" else progress_loss)(outputs, can_complete, value, regression_weight)
+def meter_loss(target: str, outputs: Tensor, can_complete: Tensor, value: Tensor, regression_weight: float,
+               known: Tensor | None = None) -> Tensor:
+    """The training loss of a ``target`` meter (``progress_loss``, the Token-to-Go ``known`` where given, or
+    ``score_loss``)."""
+    if target == "score":
+        return score_loss(outputs, can_complete, value, regression_weight)
+    return progress_loss(outputs, can_complete, value, regression_weight, known)
 
 
 class RegressionMeter(nn.Module):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from deltattg.data.labels import remaining_sums
+from deltattg.data.labels import StateLabel, outcome_label, remaining_sums
 from deltattg.data.trajectory import Trajectory
 from deltattg.meter.regression import RegressionMeter, Window, head_members, meter_loss
 from deltattg.settings import setting
@@ -35,14 +35,20 @@ FEATURES_NAME = "features.pt"  # the frozen-backbone feature cache in the output
 
 @dataclass(frozen=True)
 class Example:
-    """A decision-state reading to learn: its window, the index of the read within it, and the labels (Eq. 2; the
-    final score for a score meter)."""
+    """A decision-state reading to learn: its window, the index of the read within it, and the labels (Eq. 2, or a
+    ``--labels`` source's): the completion target (1/0, or a soft rate in [0, 1]), the Token-to-Go where one is
+    known (``has_ttg``), and the final score for a score meter."""
 
     window: int
     read: int
-    can_complete: bool
+    can_complete: float
     tokens_to_go: float
     score: float = 0.0
+    has_ttg: bool | None = None  # None: where the state is completable (can_complete ≥ 0.5)
+
+    @property
+    def ttg_known(self) -> bool:
+        return self.can_complete >= 0.5 if self.has_ttg is None else self.has_ttg
 
 
 @dataclass(frozen=True)
@@ -70,36 +76,45 @@ def trajectory_examples(
     step_tokens: Sequence[int],
     first_window: int,
     reward: float | None = None,
+    labels: Sequence[StateLabel] | None = None,
 ) -> tuple[list[Window], list[Example]]:
     """Windows of one trajectory and an example per decision state t = 0..T: b = success, v = TTG_t (0 at T), score =
-    ``reward`` (default: 1 on success, else 0)."""
+    ``reward`` (default: 1 on success, else 0) — or, with ``labels`` (one per state s_0..s_T, from
+    ``rollout.label_sources``), each state's own completion target and Token-to-Go."""
     windows = meter.windows(messages)
-    ttg = remaining_sums(step_tokens)
+    if labels is None:
+        labels = [outcome_label(success, ttg) for ttg in remaining_sums(step_tokens)]
     score = float(success) if reward is None else float(reward)
     examples = [
-        Example(first_window + w, r, success, float(ttg[t]) if success else 0.0, score)
+        Example(first_window + w, r, labels[t].target, labels[t].tokens_to_go or 0.0, score,
+                labels[t].tokens_to_go is not None)
         for w, window in enumerate(windows)
         for r, t in enumerate(window.steps)
     ]
     return windows, examples
 
 
-def records_examples(meter: RegressionMeter, trajectories: Sequence[Trajectory]) -> tuple[list[Window], list[Example]]:
-    """``trajectory_examples`` over trajectory records, their windows numbered in order."""
+def records_examples(meter: RegressionMeter, trajectories: Sequence[Trajectory],
+                     labels: dict[str, Sequence[StateLabel]] | None = None) -> tuple[list[Window], list[Example]]:
+    """``trajectory_examples`` over trajectory records, their windows numbered in order (``labels`` by trajectory id
+    where a label source made them)."""
     windows: list[Window] = []
     examples: list[Example] = []
     for t in trajectories:
-        w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows), t.reward)
+        w, e = trajectory_examples(meter, t.messages or [], t.success, t.step_tokens or [], len(windows), t.reward,
+                                   None if labels is None else labels[t.id])  # fmt: skip
         windows += w
         examples += e
     return windows, examples
 
 
-def _targets(examples: Sequence[Example], target: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(b, value) of each example: value = TTG, or the final score for a score meter."""
+def _targets(examples: Sequence[Example], target: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(completion target, value, where the value is known) of each example: value = TTG, or the final score for a
+    score meter."""
     return (
-        torch.tensor([e.can_complete for e in examples]),
+        torch.tensor([float(e.can_complete) for e in examples]),
         torch.tensor([e.score if target == "score" else e.tokens_to_go for e in examples]),
+        torch.tensor([e.ttg_known for e in examples], dtype=torch.bool),
     )
 
 
@@ -180,7 +195,7 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
     returns the loss of each epoch."""
     head = meter.head if head is None else head
     target = meter.config.target
-    can, value = _targets(examples, target)
+    can, value, known = _targets(examples, target)
     x = features[list(rows)]
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
@@ -193,7 +208,7 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
         epoch_loss = 0.0
         for start in range(0, len(order), config.batch_size):
             batch = order[start : start + config.batch_size]
-            loss = meter_loss(target, head(x[batch]), can[batch], value[batch], config.regression_weight)
+            loss = meter_loss(target, head(x[batch]), can[batch], value[batch], config.regression_weight, known[batch])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -235,10 +250,10 @@ def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples
             ids = order[k * config.batch_size : (k + 1) * config.batch_size]
             # boundary_features returns the reads window by window, in order: the targets follow the same order.
             targets = [example_at[(w, r)] for w, window in zip(ids, batch) for r in range(len(window.positions))]
-            can, value = _targets(targets, meter.config.target)
+            can, value, known = _targets(targets, meter.config.target)
             features = meter.boundary_features(batch)
             members = head_members(meter.head)  # an ensemble: each head learns the targets, the mean loss steps
-            loss = sum(meter_loss(meter.config.target, head(features), can, value, config.regression_weight)
+            loss = sum(meter_loss(meter.config.target, head(features), can, value, config.regression_weight, known)
                        for head in members) / len(members)  # fmt: skip
             optimizer.zero_grad()
             loss.backward()

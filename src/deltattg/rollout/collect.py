@@ -40,6 +40,11 @@ class PolicySpec:
             return f"expert-eps{self.epsilon:g}"
         return f"{self.kind}:{self.model}" if self.is_model else self.kind
 
+    @property
+    def text(self) -> str:
+        """The spec as :func:`parse_policy` reads it back (``expert:0.3``, ``random``, ``lm:MODEL``)."""
+        return f"expert:{self.epsilon:g}" if self.kind == "expert" else self.name
+
     def resolved(self) -> PolicySpec:
         """The same spec with a local model path (``hf.looks_local``; the folder of ``DIR::FILE.gguf``) made
         absolute and resolved, so that ``DIR``, ``DIR/``, ``./DIR``, its absolute path and a link to it name one

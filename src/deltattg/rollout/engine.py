@@ -91,6 +91,7 @@ def advance(episode: Episode, action: Action) -> None:
             prompt_ids=action.prompt_ids,
             reward=result.reward,
             verified=verified_outcome(result.info),
+            command=action.env_text,
         )
     )
     episode.messages += [{"role": "assistant", "content": action.text}, {"role": "user", "content": result.observation}]
@@ -164,7 +165,6 @@ def run_episodes(
     episodes = [start_episode(make_env(), task, k, memory.get(task.id, ())) for task in tasks
                 for k in range(group_size)]  # fmt: skip
     limit = max_turns if max_turns is not None else max(e.env.max_steps for e in episodes)
-    bar = tqdm(total=len(episodes), desc=f"rollout {policy.name}", unit="ep", disable=not progress)
     finished: dict[int, Trajectory] = {}
 
     def finish(k: int) -> None:
@@ -172,18 +172,41 @@ def run_episodes(
         if on_finish is not None:
             on_finish(finished[k])
 
-    for turn in range(limit):
-        active = [k for k, e in enumerate(episodes) if not e.done]
+    play(episodes, policy, [limit] * len(episodes), on_end=finish,
+         bar=tqdm(total=len(episodes), desc=f"rollout {policy.name}", unit="ep", disable=not progress))
+    return [finished[k] for k in range(len(episodes))]
+
+
+def play(episodes: Sequence[Episode], policy: Policy, actions_left: Sequence[int], *,
+         on_end: Callable[[int], None] | None = None, bar: tqdm | None = None) -> None:
+    """Play ``episodes`` together with ``policy`` (one batched ``act`` per turn) until each is done or has taken
+    ``actions_left[k]`` more actions; ``on_end(k)`` when episode k ends, in the order they end (those that run out
+    of actions last, in order). Episodes may start anywhere: fresh (:func:`start_episode`) or resumed mid-way
+    (``rollout.replay.resume``)."""
+    taken = [0] * len(episodes)
+    ended: set[int] = set()
+
+    def end(k: int) -> None:
+        ended.add(k)
+        if bar is not None:
+            bar.update(1)
+        if on_end is not None:
+            on_end(k)
+
+    horizon = max(actions_left, default=0)
+    for turn in range(horizon):
+        active = [k for k, e in enumerate(episodes) if not e.done and taken[k] < actions_left[k]]
         if not active:
             break
-        bar.set_postfix_str(f"turn {turn + 1}/{limit}")  # episodes often finish together, at the turn limit
+        if bar is not None:
+            bar.set_postfix_str(f"turn {turn + 1}/{horizon}")  # episodes often finish together, at the turn limit
         for k, action in zip(active, policy.act([episodes[k] for k in active])):
             advance(episodes[k], action)
+            taken[k] += 1
             if episodes[k].done:
-                bar.update(1)
-                finish(k)
-    bar.close()
+                end(k)
     for k in range(len(episodes)):
-        if k not in finished:  # ran out of turns
-            finish(k)
-    return [finished[k] for k in range(len(episodes))]
+        if k not in ended:  # ran out of actions
+            end(k)
+    if bar is not None:
+        bar.close()
