@@ -78,11 +78,16 @@ from deltattg.regime.stages import (
     base_actor,
     build_world,
     collect_pool,
+    label_settings,
+    labelled_meter,
+    pool_labels,
     process_settings,
     train_generative_meter,
     train_meter,
     trainer_settings,
 )
+from deltattg.data.jsonl import read_jsonl
+from deltattg.data.labels import LABEL_SOURCES
 from deltattg.data.sources import split_by_task
 from deltattg.report import markdown_table, pyplot
 from deltattg.train import read_metrics, resolve, train
@@ -108,8 +113,11 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed
     if made_by != code_revision() and not allow_mixed:
         print(f"[bench] {folder}: its actor and meters were made by code revision {made_by}; making them again",
               file=sys.stderr, flush=True)  # fmt: skip
-        for stale in ("actor", GENERATIVE_METER, *(meter_folder(k) for k in range(64))):
+        for stale in ("actor", GENERATIVE_METER, *(meter_folder(k) for k in range(64)),
+                      *(labelled_meter(source) for source in LABEL_SOURCES)):
             shutil.rmtree(folder / stale, ignore_errors=True)
+        for source in LABEL_SOURCES:
+            (folder / f"labels-{source}.jsonl").unlink(missing_ok=True)
         made_by = code_revision()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STAMP).write_text(json.dumps({"code": made_by}, indent=2) + "\n")
@@ -117,7 +125,8 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed
         base_actor(config, world, folder / "actor")
     missing = [k for k in range(meters.learned) if not (folder / meter_folder(k) / "meter_config.json").is_file()]
     generative_missing = meters.generative and not (folder / GENERATIVE_METER / "meter_config.json").is_file()
-    if missing or generative_missing:
+    sources_missing = [s for s in meters.sources if not (folder / labelled_meter(s) / "meter_config.json").is_file()]
+    if missing or generative_missing or sources_missing:
         from deltattg.hf import load_tokenizer
 
         actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
@@ -128,6 +137,12 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed
                         folder / meter_folder(k), heldout_pool)  # fmt: skip
         if generative_missing:
             train_generative_meter(config, train_pool, folder / GENERATIVE_METER, heldout_pool)
+        for source in sources_missing:  # labels of every pool state (held-out ones calibrate), then the meter
+            settings = label_settings(config, source, actor.spec, folder / meter_folder(0))
+            labels, report = pool_labels(config, world, actor, pool, settings, folder / f"labels-{source}.jsonl")
+            meter = folder / labelled_meter(source)
+            train_meter(config, train_pool, actor.tokenizer, meter, heldout_pool, labels=labels, labelling=settings)
+            (meter / "labels_report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     settings = trainer_settings(config, str(folder / "actor"), world.prompt.layout)
     (folder / "train.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
@@ -139,17 +154,19 @@ def meter_folder(k: int) -> str:
 
 @dataclass(frozen=True)
 class Meters:
-    """The learned meters a seed needs: how many regression meters (an ensemble reads several), and whether the
-    generative one."""
+    """The learned meters a seed needs: how many regression meters on the outcome labels (an ensemble reads several),
+    whether the generative one, and the other label sources whose meters are read (``meter-best-of-k``, ...)."""
 
     learned: int = 0
     generative: bool = False
+    sources: tuple[str, ...] = ()
 
 
 def meters_read(arms: Sequence[Arm]) -> Meters:
-    """The learned meters ``arms`` read."""
-    return Meters(max([arm.members for arm in arms if arm.meter == "learned"], default=0),
-                  any(arm.meter == "generative" for arm in arms))
+    """The learned meters ``arms`` read (``td`` bootstraps from the outcome meter, so it needs that one too)."""
+    sources = tuple(sorted({arm.labels for arm in arms if arm.meter == "learned" and arm.labels != "outcome"}))
+    learned = max([arm.members for arm in arms if arm.meter == "learned" and arm.labels == "outcome"], default=0)
+    return Meters(max(learned, 1 if "td" in sources else 0), any(arm.meter == "generative" for arm in arms), sources)
 
 
 STAMP = "bench.json"
@@ -407,50 +424,71 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     return "\n".join(lines)
 
 
-# ---- the meter with and without the turns left -------------------------------------------------------------------
+# ---- the meters against the planner -------------------------------------------------------------------------------
 def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
-    """Per seed: the learned meter (turns left in its input) beside one trained on the same pool without them, the
-    generative meter when an arm reads it, and the oracle, read on the held-out pool tasks' states (``--meter-fit``)."""
+    """Per seed, on the held-out pool tasks' states: the outcome meter (turns left in its input) beside one trained on
+    the same pool without them, a meter per label source the arms read (and those labels themselves), the generative
+    meter when an arm reads it, and the oracle — each against the trajectory's outcome and against the planner
+    (``--meter-fit``)."""
+    from deltattg.data.labels import labels_of_records
+    from deltattg.data.trajectory import MeterOutput
     from deltattg.hf import load_tokenizer
-    from deltattg.meter.fit import meter_fit
-    from deltattg.meter.loading import load_meter
+    from deltattg.meter.fit import agreement_of, fit_of
+    from deltattg.meter.loading import load_meter, read_states
     from deltattg.meter.oracle import OracleMeter
 
-    generative = meters_read(arms).generative
-    fits: dict[str, list] = {"without turns left": [], "with turns left": [],
-                             **({"generative": []} if generative else {}), "oracle": []}  # fmt: skip
+    needed = meters_read(arms)
+    names = ["outcome, without turns left", "outcome", *(f"{source}" for source in needed.sources),
+             *(f"labels: {source}" for source in needed.sources), *(["generative"] if needed.generative else []),
+             "oracle"]  # fmt: skip
+    rows: dict[str, list] = {name: [] for name in names}
     with process_settings(1):
         for seed in args.seeds:
             config, folder = seed_config(args, seed), args.out / f"seed-{seed}"
-            prepare_seed(config, folder, Meters(1, generative), allow_mixed=args.allow_mixed)
+            prepare_seed(config, folder, Meters(max(needed.learned, 1), needed.generative, needed.sources),
+                         allow_mixed=args.allow_mixed)  # fmt: skip
             world = build_world(config)
             actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
             train_pool, heldout = split_by_task(collect_pool(config, world, actor), config.heldout_fraction, seed)
             if not (folder / "meter-no-turns" / "meter_config.json").is_file():
                 train_meter(config, train_pool, actor.tokenizer, folder / "meter-no-turns", heldout, turns_left=False)
-            meters = {"without turns left": lambda: load_meter(folder / "meter-no-turns"),
-                      "with turns left": lambda: load_meter(folder / "meter"),
-                      "generative": lambda: load_meter(folder / GENERATIVE_METER),
-                      "oracle": lambda: OracleMeter(actor.tokenizer)}  # fmt: skip
-            for name in fits:
-                fits[name].append(meter_fit(meters[name](), heldout))
+            planner = read_states(OracleMeter(actor.tokenizer), heldout)[0]
+            for name in names:
+                if name.startswith("labels: "):  # the labels themselves, read as a meter would be
+                    source = name.removeprefix("labels: ")
+                    by_id: dict[str, list] = {}
+                    for _, record in read_jsonl(folder / f"labels-{source}.jsonl"):
+                        by_id.setdefault(record["id"], []).append(record)
+                    readings = [[MeterOutput(label.can_complete, label.tokens_to_go) for label in
+                                 labels_of_records(by_id[t.id], t)[:-1]] for t in heldout]  # fmt: skip
+                else:
+                    path = {"outcome, without turns left": "meter-no-turns", "outcome": meter_folder(0),
+                            "generative": GENERATIVE_METER}.get(name, labelled_meter(name))  # fmt: skip
+                    meter = OracleMeter(actor.tokenizer) if name == "oracle" else load_meter(folder / path)
+                    readings = planner if name == "oracle" else read_states(meter, heldout)[0]
+                rows[name].append((fit_of(heldout, readings), agreement_of(readings, planner)))
             print(f"[bench] seed {seed}: meters read", file=sys.stderr, flush=True)
-    steps = sorted({t for runs in fits.values() for fit in runs for t in fit.steps})
-    rows = []
-    for name, runs in fits.items():
-        cells = [name, *(f"{100 * mean_of([getattr(f, key) if isinstance(key, str) else key(f) for f in runs]):.1f}"
-                         for key in ("completion_accuracy", lambda f: f.accuracy_on(True), lambda f: f.accuracy_on(False)))]  # fmt: skip
-        cells += [f"{mean_of([f.spearman for f in runs]):.3f}", f"{mean_of([f.calibration_error for f in runs]):.3f}"]
-        cells += [f"{100 * mean_of([f.accuracy_by_step().get(t, math.nan) for f in runs]):.0f}" for t in steps]
-        rows.append(cells)
-    header = ("meter", "completion acc. %", "on successes %", "on failures %", "Spearman (TTG)", "ECE of p̃",
-              *(f"t={t}" for t in steps))  # fmt: skip
+    table = []
+    for name, runs in rows.items():
+        fits, agreements = [f for f, _ in runs], [a for _, a in runs]
+        table.append([name, *(f"{100 * mean_of([getattr(f, key) if isinstance(key, str) else key(f) for f in fits]):.1f}"
+                              for key in ("completion_accuracy", lambda f: f.accuracy_on(True),
+                                          lambda f: f.accuracy_on(False))),
+                      f"{mean_of([a.b_balanced_accuracy for a in agreements]):.3f}",
+                      f"{mean_of([a.ttg_spearman for a in agreements]):.3f}",
+                      f"{mean_of([f.spearman for f in fits]):.3f}", f"{mean_of([f.calibration_error for f in fits]):.3f}"])
+    header = ("meter (label source)", "completion acc. %", "on successes %", "on failures %",
+              "b balanced acc. vs planner", "Spearman v̂ vs planner's v", "Spearman vs true TTG (successes)",
+              "ECE of p̃")  # fmt: skip
     return "\n\n".join([
-        f"Held-out pool states, mean over seeds {list(args.seeds)} (each seed: its own actor, pool and meters); "
-        "completion accuracy of b̂ against the trajectory's outcome, overall, on the successful and on the failed "
-        "trajectories' states, and after t actions (per-step columns, %); Spearman of v̂ against the true Token-to-Go "
-        "on the successful trajectories' states; ECE of the calibrated p̃ (the oracle gives none).",
-        markdown_table(header, rows)])  # fmt: skip
+        f"Held-out pool states, mean over seeds {list(args.seeds)} (each seed: its own actor, pool and meters). "
+        "Completion accuracy: b̂ against the trajectory's outcome (the outcome labels), overall and on the successful "
+        "and the failed trajectories' states. Against the planner (the oracle meter: the optimal plan fits in the "
+        "turns left; the expert's remaining tokens): balanced accuracy of b̂ over the planner's completable and "
+        "hopeless states, Spearman of v̂ against its v. Spearman vs true TTG: on the successful trajectories' states. "
+        f"Label sources complete with {seed_config(args, args.seeds[0]).label_completer!r} "
+        f"(K = {seed_config(args, args.seeds[0]).label_completions}); 'labels: X' rows read the labels themselves.",
+        markdown_table(header, table)])  # fmt: skip
 
 
 def mean_of(values: Sequence[float]) -> float:

@@ -78,6 +78,11 @@ class RegimeConfig:
     meter_batch_size: int = 16
     meter_lr: float = 1e-3
 
+    # ---- where the learned meters' labels come from (``rollout.label_sources``; arms ``METHOD@SOURCE``) ----
+    label_completer: str = ACTOR_IN_POOL  # rollout / best-of-k: the base actor (no planner); expert:EPS = a reference
+    label_completions: int = 4  # K completions per decision state
+    td_lambda: float = 0.0  # td: λ of the bootstrapped target (bootstrapped from the seed's outcome meter)
+
     # ---- generative meter (the paper's; arms ``METHOD@generative``): an LM fine-tuned by SFT (Eq. 3, D.2) ----
     generative_model: str = "smollm2"  # HF id/path, 'smollm2' or DIR::FILE.gguf
     generative_trajectories: int = 96  # pool training trajectories it is fine-tuned on (all their states)
@@ -127,7 +132,7 @@ QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothi
     "clone_tasks": 12, "clone_epochs": 1,
     "pool_episodes": 8, "pool_group_size": 2, "heldout_fraction": 0.5,
     "meter_hidden": 32, "meter_layers": 1, "meter_heads": 2, "meter_epochs": 1,
-    "generative_trajectories": 4, "generative_heldout": 2,
+    "generative_trajectories": 4, "generative_heldout": 2, "label_completions": 1,
     "steps": 2, "batch_size": 2, "group_size": 4, "eval_every": 1, "eval_tasks": 3, "eval_sampled": True,
     "guidance_tasks": 3, "credit_tasks": 2,
 }  # fmt: skip

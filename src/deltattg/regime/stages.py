@@ -26,11 +26,12 @@ import torch
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment, Task
-from deltattg.meter.commands import calibrate_meter
+from deltattg.data.labels import LABEL_SOURCES, REPLAYED_SOURCES, LabelSettings, StateLabel
+from deltattg.meter.commands import calibrate_meter, completion_targets
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
 from deltattg.meter.train_regression import RegressionTrainConfig, records_examples, train_regression_meter
 from deltattg.regime.config import ACTOR_IN_POOL, RegimeConfig
-from deltattg.rollout.collect import collect, parse_policy
+from deltattg.rollout.collect import build_policy, collect, parse_policy
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
 from deltattg.rollout.prompts import PromptConfig
 from deltattg.tiny import tiny_llama
@@ -165,27 +166,74 @@ def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, f
 
 # ---- stage 3: the progress meter -------------------------------------------------------------------------------------
 def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path,
-                heldout: Sequence[Trajectory] = (), *, turns_left: bool = True) -> dict:
+                heldout: Sequence[Trajectory] = (), *, turns_left: bool = True,
+                labels: dict[str, list[StateLabel]] | None = None, labelling: LabelSettings = LabelSettings()) -> dict:
     """A regression meter (tiny Llama backbone over the actor's tokenizer + head) trained end to end on every
-    decision state of ``trajectories`` (Eq. 1–2 labels; each state marked with the turns left unless
-    ``turns_left`` is off), its completion temperature fitted on the ``heldout`` trajectories' states, saved to
-    ``folder``; returns the training report (with ``calibration``)."""
+    decision state of ``trajectories`` (Eq. 1–2 labels, or ``labels`` by trajectory id from the source
+    ``labelling``; each state marked with the turns left unless ``turns_left`` is off), its completion temperature
+    fitted on the ``heldout`` trajectories' states against the same labels, saved to ``folder``; returns the training
+    report (with ``calibration``)."""
     backbone = tiny_llama(tokenizer, hidden=config.meter_hidden, layers=config.meter_layers, heads=config.meter_heads,
                           max_positions=config.meter_max_length, seed=config.seed).model  # fmt: skip
     meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
                                                                   head_hidden=4 * config.meter_hidden,
-                                                                  turn_limit=config.max_turns if turns_left else None))  # fmt: skip
-    windows, examples = records_examples(meter, trajectories)  # the meter's target is TTG: the reward is not read
+                                                                  turn_limit=config.max_turns if turns_left else None,
+                                                                  labels=labelling.to_json()))  # fmt: skip
+    windows, examples = records_examples(meter, trajectories, labels)  # the meter's target is TTG: the reward is not read
     settings = RegressionTrainConfig(output_dir=str(folder), freeze_backbone=False, epochs=config.meter_epochs,
                                      batch_size=config.meter_batch_size, lr_backbone=config.meter_lr,
                                      lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume
                                      seed=config.seed, progress=False)  # fmt: skip
     report = train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
     if heldout:
-        report["calibration"] = calibrate_meter(meter.eval(), meter, heldout, folder)
+        report["calibration"] = calibrate_meter(meter.eval(), meter, heldout, folder, completion_targets(labels))
         meter.save_pretrained(folder)
         (folder / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def label_settings(config: RegimeConfig, source: str, actor_spec: str, bootstrap_meter: Path | None = None
+                   ) -> LabelSettings:
+    """The regime's label source ``source``: completions by ``config.label_completer`` (the base actor at
+    ``actor_spec`` by default), ``config.label_completions`` per state; ``td`` bootstrapped from ``bootstrap_meter``."""
+    completer = None
+    if source in REPLAYED_SOURCES:
+        completer = f"lm:{actor_spec}" if config.label_completer == ACTOR_IN_POOL else config.label_completer
+    return LabelSettings(source, completer=completer, completions=config.label_completions, seed=config.seed,
+                         bootstrap_meter=str(bootstrap_meter) if source == "td" else None, td_lambda=config.td_lambda)
+
+
+def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequence[Trajectory],
+                settings: LabelSettings, path: Path) -> tuple[dict[str, list[StateLabel]], Any]:
+    """The labels of every pool trajectory from ``settings``' source, kept in ``path`` (resumed if a run was
+    killed): completions by the completer with the regime's prompt and sampling; ``td`` reads the bootstrap meter."""
+    from deltattg.data.sources import Located
+    from deltattg.data.tokens import ActionTokens
+    from deltattg.rollout.label_sources import make_labels
+
+    def completer():
+        if settings.completer == f"lm:{actor.spec}":
+            from deltattg.hf import load_causal_lm
+
+            model = actor.model if actor.model is not None else load_causal_lm(actor.spec).eval()
+            return LMPolicy(model, actor.tokenizer, sampling(config), world.prompt, name="completer")
+        return build_policy(parse_policy(str(settings.completer)), config.seed, sampling(config), world.prompt)
+
+    bootstrap = None
+    if settings.bootstrap_meter:
+        from deltattg.meter.loading import load_meter, read_states
+
+        meter = load_meter(settings.bootstrap_meter)
+
+        def bootstrap(trajectories):
+            rows, _ = read_states(meter, list(trajectories), terminal=True)
+            return [[None if r is None else (r.probability if r.probability is not None else float(r.can_complete),
+                                             r.tokens_to_go) for r in row] for row in rows]  # fmt: skip
+
+    torch.manual_seed(config.seed)
+    items = [Located("the regime's pool", k + 1, trajectory, {}) for k, trajectory in enumerate(pool)]
+    return make_labels(items, [t.step_tokens or [] for t in pool], settings, path, completer=completer,
+                       count_action=ActionTokens(actor.tokenizer), bootstrap=bootstrap, progress=False)
 
 
 def train_generative_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], folder: Path,
@@ -236,7 +284,8 @@ def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict
 class Arm:
     """One RL run of a comparison: an estimator, its credit settings and the meter it reads. Spec
     ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@generative`` (the
-    paper's generative meter, ``train_generative_meter``), ``deltattg@oracle`` (the household
+    paper's generative meter, ``train_generative_meter``), ``deltattg@best-of-k`` (a learned meter on the labels of a
+    source of ``rollout.label_sources``: rollout, best-of-k, td), ``deltattg@oracle`` (the household
     planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
     p), ``deltattg@oracle:SIGMA:P:FN:MF`` (and b̂ = 0 on successes' states with probability FN, b̂ = 1 on failures'
     uncompletable states with probability MF: ``meter.oracle``), ``pos@oracle``,
@@ -251,6 +300,7 @@ class Arm:
     false_negative: float = 0.0
     missed_failure: float = 0.0
     members: int = 1  # learned meters read together (``ensemble:N``: a pessimistic ensemble of N)
+    labels: str = "outcome"  # the learned meter's label source (``METHOD@best-of-k``: ``meter-best-of-k``)
 
     @classmethod
     def parse(cls, spec: str) -> Arm:
@@ -267,9 +317,12 @@ class Arm:
         kind, *dials = meter.split(":") if meter else ["learned"]
         if kind == "ensemble" and len(dials) == 1 and dials[0].isdigit() and int(dials[0]) >= 2:
             return cls(method, "learned", options=options, members=int(dials[0]))
+        if kind in LABEL_SOURCES and not dials:
+            return cls(method, "learned", options=options, labels=kind)
         if kind not in ("learned", "generative", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
-            raise ValueError(f"arm {spec!r}: the meter is learned, generative, ensemble:N (N >= 2), oracle, "
-                             "oracle:SIGMA:P or oracle:SIGMA:P:FN:MF")
+            raise ValueError(f"arm {spec!r}: the meter is learned, {', '.join(LABEL_SOURCES[1:])} (learned from "
+                             "those labels), generative, ensemble:N (N >= 2), oracle, oracle:SIGMA:P or "
+                             "oracle:SIGMA:P:FN:MF")
         noise, flip, false_negative, missed_failure = (*(float(d) for d in dials), 0.0, 0.0, 0.0, 0.0)[:4]
         return cls(method, kind, noise, flip, options, false_negative, missed_failure)
 
@@ -278,6 +331,8 @@ class Arm:
         settings = f"[{','.join(f'{k}={v}' for k, v in self.options)}]" if self.options else ""
         if self.meter == "learned" and self.members > 1:
             return f"{self.method}{settings}@ensemble:{self.members}"
+        if self.meter == "learned" and self.labels != "outcome":
+            return f"{self.method}{settings}@{self.labels}"
         if self.meter is None or (self.meter == "learned"):
             return self.method + settings
         errors = f":{self.false_negative:g}:{self.missed_failure:g}" if self.false_negative or self.missed_failure else ""
@@ -292,7 +347,9 @@ class Arm:
     def overrides(self, meter_dir: Path) -> list[str]:
         """The trainer settings that make this arm (on top of the shared ``train.yaml``)."""
         out = [f"algo.method={self.method}", *(f"{setting_path(k)}={v}" for k, v in self.options)]
-        if self.meter == "learned":  # an ensemble's members sit beside the seed's meter: meter-1, meter-2, ...
+        if self.meter == "learned" and self.labels != "outcome":  # beside the seed's meter: meter-best-of-k, ...
+            out.append(f"meter.path={meter_dir.parent / labelled_meter(self.labels)}")
+        elif self.meter == "learned":  # an ensemble's members sit beside the seed's meter: meter-1, meter-2, ...
             out.append("meter.path=" + ",".join([str(meter_dir), *(f"{meter_dir}-{k}" for k in range(1, self.members))]))
         elif self.meter == "generative":  # the seed's generative meter sits beside its regression meter
             out.append(f"meter.path={meter_dir.parent / GENERATIVE_METER}")
@@ -302,6 +359,11 @@ class Arm:
                 out += [f"meter.oracle_false_negative={self.false_negative}",
                         f"meter.oracle_missed_failure={self.missed_failure}"]
         return out
+
+
+def labelled_meter(source: str) -> str:
+    """The folder of a seed's meter learned from ``source``'s labels: ``meter`` (outcome), ``meter-best-of-k``, ..."""
+    return "meter" if source == "outcome" else f"meter-{source}"
 
 
 def parse_credit_options(spec: str, text: str) -> tuple[tuple[str, str], ...]:
