@@ -252,6 +252,20 @@ def load_curves(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[list[int
     return steps or [], curves, records
 
 
+def test_finals(records: dict[str, list[list[dict]]]) -> dict[str, np.ndarray]:
+    """Per arm, ``[seeds]`` greedy success on the test split after the last step, for the arms whose every run has it
+    (``eval.test_split``: a split no setting was chosen on)."""
+    out = {}
+    for name, runs in records.items():
+        values = [next((r[TEST_METRIC] for r in reversed(run) if TEST_METRIC in r), None) for run in runs]
+        if runs and all(v is not None for v in values):
+            out[name] = np.array(values, dtype=float)
+    return out
+
+
+TEST_METRIC = "test/greedy_success"
+
+
 def median_step_time(runs: Sequence[Sequence[dict]]) -> float:
     """Median seconds per training step over every step of every seed."""
     return statistics.median(r["time/step"] for records in runs for r in records if r.get("step", 0) > 0
@@ -332,7 +346,8 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
     grpo = curves.get("grpo")
     if grpo is None:
         raise ValueError("the comparison needs a grpo arm")
-    summaries = [summarize(name, c, grpo, steps) for name, c in curves.items()]
+    tests = test_finals(records)
+    summaries = [summarize(name, c, grpo, steps, tests.get(name), tests.get("grpo")) for name, c in curves.items()]
     target = grpo[:, -1].mean()
     seed_rows = []
     for name, c in curves.items():
@@ -350,6 +365,18 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
              "-" if s.arm == "grpo" else difference(s.auc_minus_grpo), s.reach.text(1, 2),
              f"{s.collapses} / {s.seeds}", f"{times[s.arm]:.2f}"] for s in summaries]  # fmt: skip
     tasks = seed_config(args, args.seeds[0]).eval_tasks
+    test_rows = [[s.arm, s.test.text(100), "-" if s.arm == "grpo" else difference(s.test_minus_grpo),
+                  "-" if s.arm == "grpo" else f"{100 * s.test_sd:.1f}",
+                  "-" if s.arm == "grpo" else f"{s.test_power:.2f}"] for s in summaries if s.test is not None]
+    test_tasks = seed_config(args, args.seeds[0]).test_tasks
+    test_section = [
+        f"## Final success on the test split ({seed_config(args, args.seeds[0]).test_split}, {test_tasks} tasks)",
+        "Greedy success after the last step on tasks of a split no setting was chosen on (deduplicated against the "
+        "training and validation tasks); the paired differences' standard deviation, and the power a two-sided "
+        f"paired t test over {len(args.seeds)} seeds has to find a true +3-point difference at that spread.",
+        markdown_table(("arm", "test final %", "test − GRPO (points)", "SD of the paired differences (points)",
+                        "power at +3 points"), test_rows),
+    ] if test_rows else []  # fmt: skip
     text = "\n\n".join([
         "# bench_train: credit methods on the household environment over paired seeds",
         f"`{command}` — seeds {list(args.seeds)}, {steps[-1]} steps per run, greedy evaluation on {tasks} held-out "
@@ -364,6 +391,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
         "curve never reaches it (in the point estimate or a resample).",
         "![success curves](bench_train.png)",
+        *test_section,
         "## What the credit did in training",
         "Per arm, the mean over seeds of each run's mean: the actor's entropy and the trajectories with A = 0 per step "
         "(64 rollouts) over the last 10 steps; over every step, the largest step's share of a trajectory's credit, "
@@ -375,7 +403,8 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
     ])  # fmt: skip
     figures = {"seeds": list(args.seeds), "steps": steps, "target": target, "revisions": revisions,
                "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times,
-               "curves": {name: c.tolist() for name, c in curves.items()}}  # fmt: skip
+               "curves": {name: c.tolist() for name, c in curves.items()},
+               "test": {name: values.tolist() for name, values in tests.items()}}  # fmt: skip
     return text + "\n", figures
 
 

@@ -23,11 +23,15 @@ def bench_train():
     return module
 
 
-def write_run(folder: Path, curve: list[float], step_seconds: list[float], code: str = "abc") -> None:
-    """A run's metrics: evaluations at steps 0, 10, 20 and one record per training step with its time; stamped as
-    made by code revision ``code`` with its seed folder's shared settings."""
+def write_run(folder: Path, curve: list[float], step_seconds: list[float], code: str = "abc",
+              test: float | None = None) -> None:
+    """A run's metrics: evaluations at steps 0, 10, 20 (and the test split's at the last, where given) and one record
+    per training step with its time; stamped as made by code revision ``code`` with its seed folder's shared
+    settings."""
     folder.mkdir(parents=True)
     records = [{"step": 10 * k, "eval/greedy_success": value} for k, value in enumerate(curve)]
+    if test is not None:
+        records[-1]["test/greedy_success"] = test
     records += [{"step": k + 1, "time/step": seconds} for k, seconds in enumerate(step_seconds)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["step"])))
     settings = folder.parent / "train.yaml"
@@ -42,10 +46,11 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     # Seed 0: GRPO 0.2 -> 0.4, GiGPO 0.2 -> 0.6; seed 1: GRPO 0.3 -> 0.5, GiGPO 0.3 -> 0.5.
     # GiGPO's final - GRPO's: +20 and 0 points -> mean +10.0, t interval 10 ± 12.706·14.142/√2 = [−117.1, +137.1],
     # exact permutation p = 4/4 (every flip of (20, 0) has |mean| = 10); median step time over both seeds 3.0 s.
-    write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0, 1.0])
-    write_run(tmp_path / "seed-1" / "grpo", [0.3, 0.4, 0.5], [1.0, 2.0])
-    write_run(tmp_path / "seed-0" / "gigpo", [0.2, 0.5, 0.6], [2.0, 3.0])
-    write_run(tmp_path / "seed-1" / "gigpo", [0.3, 0.4, 0.5], [4.0, 3.0])
+    # On the test split: GRPO 0.40 / 0.50, GiGPO 0.50 / 0.80 -> differences +10 and +30 points: mean +20.0, SD 14.1.
+    write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0, 1.0], test=0.4)
+    write_run(tmp_path / "seed-1" / "grpo", [0.3, 0.4, 0.5], [1.0, 2.0], test=0.5)
+    write_run(tmp_path / "seed-0" / "gigpo", [0.2, 0.5, 0.6], [2.0, 3.0], test=0.5)
+    write_run(tmp_path / "seed-1" / "gigpo", [0.3, 0.4, 0.5], [4.0, 3.0], test=0.8)
     bench_train.main(["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only"])
     table = (tmp_path / "bench_train.md").read_text()
     summary = [line.split(" | ") for line in table.splitlines() if line.startswith("| g")][:2]  # then per-seed rows
@@ -55,6 +60,11 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     assert rows["gigpo"][7] == "0 / 2"  # collapses
     assert rows["grpo"][-1].strip(" |") == "1.00" and rows["gigpo"][-1].strip(" |") == "3.00"  # median s / step
     assert "abc: 4 runs" in table
+    test_row = next(line for line in table.split("## Final success on the test split")[1].splitlines()
+                    if line.startswith("| gigpo"))
+    cells = [cell.strip() for cell in test_row.strip("|").split("|")]
+    assert cells[1].startswith("65.0") and cells[2].startswith("+20.0") and cells[3] == "14.1"
+    assert 0 < float(cells[4]) < 1
     assert (tmp_path / "bench_train.png").stat().st_size > 0
     assert "adding the grpo arm" in capsys.readouterr().err
 
@@ -98,3 +108,26 @@ def test_a_generative_arm_trains_its_meter_on_the_pool_and_reads_it_in_rl(tmp_pa
     steps = [r for r in records if r.get("step", 0) > 0 and "time/meter" in r]
     assert len(steps) == 2 and all(r["time/meter"] > 0 and r["meter_share"] > 0 for r in steps)
     assert "deltattg@generative" in (out / "bench_train.md").read_text()
+
+
+def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_split(tmp_path):
+    """``deltattg@best-of-k`` in the quick regime: the seed's pool is labelled by completions (here a noisy expert,
+    a cheap completer; the benchmark's arms complete with the base actor), the labels kept beside the seed's other
+    stages, a meter trained on them that names its source; every run ends with a test-split evaluation that the
+    report tabulates."""
+    out = tmp_path / "bench"
+    command = [sys.executable, str(REPO / "bench" / "bench_train.py"), "--quick", "--arms", "grpo",
+               "deltattg@best-of-k", "--seeds", "0", "--out", str(out), "--set", "label_completer=expert:0.3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seed = out / "seed-0"
+    config = json.loads((seed / "meter-best-of-k" / "meter_config.json").read_text())
+    assert config["labels"] == {"source": "best-of-k", "completer": "expert:0.3", "completions": 1, "seed": 0}
+    cost = json.loads((seed / "meter-best-of-k" / "labels_report.json").read_text())["cost"]
+    assert cost["completion_episodes"] > 0 and cost["unreplayable"] == 0
+    labels = [json.loads(line) for line in (seed / "labels-best-of-k.jsonl").open()]
+    assert labels and all(r["source"] == "best-of-k" for r in labels)
+    for arm in ("grpo", "deltattg-best-of-k"):
+        records = [json.loads(line) for line in (seed / arm / "metrics.jsonl").open()]
+        assert "test/greedy_success" in records[-1] and sum("test/greedy_success" in r for r in records) == 1
+    assert "## Final success on the test split (test, 3 tasks)" in (out / "bench_train.md").read_text()

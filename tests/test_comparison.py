@@ -112,9 +112,31 @@ def test_arm_specs():
     assert robust.name == "deltattg_robust[smooth=1,meter.refresh_every=5]@ensemble:3" and robust.members == 3
     assert robust.overrides(Path("s/meter")) == ["algo.method=deltattg_robust", "credit.smooth=1",
                                                  "meter.refresh_every=5", "meter.path=s/meter,s/meter-1,s/meter-2"]
+    labelled = Arm.parse("deltattg_robust@best-of-k")
+    assert (labelled.meter, labelled.labels, labelled.name, labelled.folder) == (
+        "learned", "best-of-k", "deltattg_robust@best-of-k", "deltattg_robust-best-of-k")
+    assert labelled.overrides(Path("s/meter")) == ["algo.method=deltattg_robust", "meter.path=s/meter-best-of-k"]
     errors = Arm.parse("deltattg@oracle:0:0:0.2:0.3")
     assert (errors.false_negative, errors.missed_failure, errors.name) == (0.2, 0.3, "deltattg@oracle:0:0:0.2:0.3")
     for bad in ("grpo@oracle", "deltattg@magic", "deltattg@oracle:0.5", "nope", "deltattg_robust[smooth=2]",
-                "deltattg_robust[meter.bogus=1]", "deltattg@ensemble:1", "deltattg_robust[smooth=3"):
+                "deltattg_robust[meter.bogus=1]", "deltattg@ensemble:1", "deltattg_robust[smooth=3", "grpo@best-of-k",
+                "deltattg@best-of-k:4"):
         with pytest.raises(ValueError):
             Arm.parse(bad)
+
+
+def test_paired_power_is_the_rejection_rate_of_the_t_test():
+    """The power :func:`paired_power` gives is the share of simulated benchmarks (normal per-seed differences) whose
+    paired t interval excludes 0: within Monte-Carlo error at 10 and 20 seeds, and α at no effect."""
+    from scipy import stats
+
+    from deltattg.regime.comparison import paired_power
+
+    rng = np.random.default_rng(0)
+    for seeds, effect in ((10, 0.5), (20, 0.5), (10, 0.0)):
+        draws = rng.normal(effect, 1.0, size=(20_000, seeds))
+        t = draws.mean(axis=1) / (draws.std(axis=1, ddof=1) / np.sqrt(seeds))
+        rejected = np.mean(np.abs(t) > stats.t.ppf(0.975, seeds - 1))
+        assert paired_power(1.0, seeds, effect) == pytest.approx(rejected, abs=0.01)
+    assert paired_power(0.074, 10, 0.03) < 0.25 < paired_power(0.074, 26, 0.03)  # what the README's 7.4 points allow
+    assert np.isnan(paired_power(0.0, 10, 0.03)) and np.isnan(paired_power(1.0, 1, 0.03))

@@ -159,10 +159,25 @@ def reach_ratio(arm: np.ndarray, grpo: np.ndarray, steps: Sequence[int]) -> Esti
     return Estimate(point, low, high)
 
 
+def paired_power(sd: float, seeds: int, effect: float, level: float = LEVEL) -> float:
+    """Power of the two-sided paired t test at ``level`` to find a true mean difference ``effect`` when the per-seed
+    differences spread with standard deviation ``sd``: P(|T| > t_crit), T noncentral t with n − 1 degrees of
+    freedom and noncentrality effect·√n / sd (NaN where undefined)."""
+    from scipy import stats
+
+    if seeds < 2 or not sd > 0 or math.isnan(sd):
+        return math.nan
+    df, shift = seeds - 1, effect * math.sqrt(seeds) / sd
+    critical = stats.t.ppf((1 + level) / 2, df)
+    return float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
+
+
 @dataclass
 class ArmSummary:
     """One arm against GRPO over paired seeds: final success, area under the curve, paired differences (with their
-    permutation p-values), reach ratio, and how many of its seeds collapsed."""
+    permutation p-values), reach ratio, how many of its seeds collapsed, and — where the runs evaluated a test split
+    at the end — the final success there, its paired difference, the standard deviation of that difference and the
+    power a test of this many seeds has to find a +3-point difference at that spread."""
 
     arm: str
     seeds: int
@@ -173,14 +188,29 @@ class ArmSummary:
     auc_minus_grpo: Estimate
     reach: Estimate  # steps to reach GRPO's final success ÷ steps
     collapses: int = 0
+    test: Estimate | None = None
+    test_minus_grpo: Estimate | None = None
+    test_sd: float = math.nan  # SD of the paired test differences
+    test_power: float = math.nan  # power to find +POWER_EFFECT at that SD and seed count
 
 
-def summarize(arm: str, curves: np.ndarray, grpo: np.ndarray, steps: Sequence[int]) -> ArmSummary:
-    """``curves`` / ``grpo``: ``[seeds, evals]`` greedy success of the arm and of GRPO, seed k paired with seed k."""
+POWER_EFFECT = 0.03  # the difference the benchmark should be able to see: +3 points of success
+
+
+def summarize(arm: str, curves: np.ndarray, grpo: np.ndarray, steps: Sequence[int],
+              test: np.ndarray | None = None, grpo_test: np.ndarray | None = None) -> ArmSummary:
+    """``curves`` / ``grpo``: ``[seeds, evals]`` greedy success of the arm and of GRPO, seed k paired with seed k;
+    ``test`` / ``grpo_test``: ``[seeds]`` final success on the test split, where the runs have it."""
     aucs = np.array([area_under_curve(steps, c) for c in curves])
     grpo_aucs = np.array([area_under_curve(steps, c) for c in grpo])
-    return ArmSummary(
+    summary = ArmSummary(
         arm, len(curves), mean_estimate(curves[:, 0]), mean_estimate(curves[:, -1]), mean_estimate(aucs),
         paired_difference(curves[:, -1], grpo[:, -1]), paired_difference(aucs, grpo_aucs),
         reach_ratio(curves, grpo, steps), sum(collapsed(c) for c in curves),
     )  # fmt: skip
+    if test is not None and grpo_test is not None:
+        differences = np.asarray(test, dtype=float) - np.asarray(grpo_test, dtype=float)
+        sd = float(differences.std(ddof=1)) if len(differences) > 1 else math.nan
+        summary.test, summary.test_minus_grpo = mean_estimate(test), paired_difference(test, grpo_test)
+        summary.test_sd, summary.test_power = sd, paired_power(sd, len(differences), POWER_EFFECT)
+    return summary

@@ -109,6 +109,8 @@ class RegimeConfig:
     eval_every: int = 10
     eval_tasks: int = 200  # deduplicated against the training tasks: binomial SE <= 3.5 points
     eval_sampled: bool = False  # also evaluate at temperature 1 (greedy always)
+    test_split: str | None = "test"  # greedy success after the last step on a split no setting was chosen on
+    test_tasks: int = 1000  # of it (the benchmark reports these; the curves stay on eval_split)
     guidance_tasks: int = 40
     candidates: int = 4
     credit_tasks: int = 16  # training tasks the base actor plays G times for the credit inspection (precision table)
@@ -134,12 +136,13 @@ QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothi
     "meter_hidden": 32, "meter_layers": 1, "meter_heads": 2, "meter_epochs": 1,
     "generative_trajectories": 4, "generative_heldout": 2, "label_completions": 1,
     "steps": 2, "batch_size": 2, "group_size": 4, "eval_every": 1, "eval_tasks": 3, "eval_sampled": True,
-    "guidance_tasks": 3, "credit_tasks": 2,
+    "guidance_tasks": 3, "credit_tasks": 2, "test_tasks": 3,
 }  # fmt: skip
 
 DEMO_BUDGET: dict[str, Any] = {  # `deltattg demo` in 10 minutes on 2 cores: fewer RL steps and a smaller pool
     "steps": 30,
     "pool_episodes": 96,
+    "test_split": None,
 }
 
 PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, the paper's prompt and learning rate
@@ -155,6 +158,7 @@ PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, th
     "micro_batch_size": 4,
     "eval_every": 5,
     "eval_tasks": 10,
+    "test_tasks": 10,
     "guidance_tasks": 10,
     "pool_episodes": 16,
     "credit_tasks": 2,
@@ -162,6 +166,7 @@ PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, th
 
 ALFWORLD: dict[str, Any] = {  # the real benchmark (Table 4 turns are 50; fewer here so a CPU run ends)
     "env": "alfworld",
+    "test_split": "valid_unseen",
     "env_options": {},
     "max_turns": 20,
     "max_new_tokens": 96,

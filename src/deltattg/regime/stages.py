@@ -274,7 +274,7 @@ def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict
         "optim": {"lr": config.lr, "mini_batch_size": config.mini_batch_size,
                   "micro_batch_size": config.micro_batch_size},
         "eval": {"every": config.eval_every, "num_tasks": config.eval_tasks, "greedy": True, "sampled": config.eval_sampled,
-                 "at_start": True},
+                 "at_start": True, "test_split": config.test_split, "test_tasks": config.test_tasks},
         "run": {"steps": config.steps, "seed": config.seed, "save_every": config.steps, "keep_checkpoints": 1,
                 "threads": config.threads, "progress": True},
     }  # fmt: skip

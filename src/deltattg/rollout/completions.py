@@ -4,7 +4,9 @@ the Monte-Carlo evidence of Math-Shepherd, VinePPO and AgentPRM (Choudhury 2025)
 ``rollout`` and ``best-of-k`` labels.
 
 All completions of a batch of states are played together (one batched ``act`` per turn, ``rollout.engine.play``),
-``chunk`` episodes at a time. Each state is replayed once; its K copies come from the environment's
+``chunk`` episodes at a time. States that are the same state (one task, one transcript to the decision, the same
+turns left: the records of a pool share their first states) are completed once and share the completions. Each
+state is replayed once; its K copies come from the environment's
 ``snapshot``/``restore`` where it has them, else from K more replays. A completion's tokens are the completer's
 generated ids where it records them (an LM), else each action's assistant turn counted with ``count_action``.
 """
@@ -93,6 +95,7 @@ def complete_states(
                 why = (check.mismatch or "unknown").split(":")[0]
                 cost.mismatches[why] = cost.mismatches.get(why, 0) + 1
     cost.states = len(states) + cost.unreplayable
+    states, same_as = distinct_states(recorded, states)
     per_chunk = max(chunk // completions, 1)
     bar = tqdm(total=len(states), desc=f"completions ({policy.name})", unit="state", disable=not progress)
     for start in range(0, len(states), per_chunk):
@@ -131,5 +134,27 @@ def complete_states(
             cost.episodes += 1
         bar.update(len(batch))
     bar.close()
+    for state, first in same_as.items():
+        out[state] = out[first]
     cost.seconds = time.perf_counter() - started
     return out, cost
+
+
+def distinct_states(recorded: Sequence[RecordedEpisode], states: Sequence[tuple[int, int]]
+                    ) -> tuple[list[tuple[int, int]], dict[tuple[int, int], tuple[int, int]]]:
+    """The states to complete — one of each set of states that are the same state: the same task, the same
+    transcript up to the decision (``decision_state_keys``: what a completer reads, and the actions that led there)
+    and the same turns left — and, for every other state, the one whose completions it shares."""
+    from deltattg.data.trajectory import decision_state_keys
+
+    keys = {i: decision_state_keys(recorded[i].trajectory) for i in {i for i, _ in states}}
+    first: dict[tuple, tuple[int, int]] = {}
+    kept, same_as = [], {}
+    for i, t in states:
+        key = (recorded[i].task.id, recorded[i].max_turns - t, keys[i][t])
+        if key in first:
+            same_as[i, t] = first[key]
+        else:
+            first[key] = (i, t)
+            kept.append((i, t))
+    return kept, same_as

@@ -137,13 +137,17 @@ class MeterConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     """Success rate on ``num_tasks`` held-out tasks (0 = the whole split) every ``every`` steps (0 = never), greedy
-    and sampled, and before the first step when ``at_start``."""
+    and sampled, and before the first step when ``at_start``; with ``test_split``, also greedy success on
+    ``test_tasks`` tasks of that split (0 = all of it) after the last step (``test/greedy_success``): the split a
+    report reads, kept apart from the one settings are chosen on."""
 
     every: int = 10
     num_tasks: int = 50
     greedy: bool = True
     sampled: bool = True
     at_start: bool = True
+    test_split: str | None = None
+    test_tasks: int = 0
 
 
 @dataclass(frozen=True)

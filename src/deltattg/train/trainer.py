@@ -350,6 +350,8 @@ def train_in_locked_folder(
     )
     sampler = TaskSampler(env.tasks(config.env.train_split), seed)
     eval_tasks = list(env.tasks(config.env.eval_split))[: config.eval.num_tasks or None]
+    test_tasks = list(env.tasks(config.eval.test_split))[: config.eval.test_tasks or None] if config.eval.test_split \
+        else []  # fmt: skip
     eval_modes = {
         mode: t for mode, t in (("greedy", 0.0), ("sampled", rollout.temperature)) if getattr(config.eval, mode)
     }
@@ -463,6 +465,9 @@ def train_in_locked_folder(
         record |= timer.metrics()
         if config.eval.every and step % config.eval.every == 0:
             record |= evaluation(step)
+        if test_tasks and step == config.run.steps:  # the report's split, once, at the end
+            test = evaluate(actor, tokenizer, make_env, test_tasks, rollout, prompt, {"greedy": 0.0}, seed + step)
+            record |= {key.replace("eval/", "test/"): value for key, value in test.items()}
         log.write(record)
         bar.set_postfix(success=f"{record['rollout/success']:.2f}", loss=f"{record.get('loss', 0.0):.3f}",
                         s=f"{record['time/step']:.1f}")  # fmt: skip

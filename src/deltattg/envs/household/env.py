@@ -49,7 +49,7 @@ class HouseholdEnv:
         self._route: list[Command] = []  # a shortest plan from now
 
     def tasks(self, split: str) -> Sequence[Task]:
-        """The split's fixed tasks ("train", "valid_seen", "valid_unseen")."""
+        """The split's fixed tasks ("train", "valid_seen", "valid_unseen", "test")."""
         return split_tasks(self.config, split)
 
     def reset(self, task: Task) -> str:

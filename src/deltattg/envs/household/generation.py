@@ -30,13 +30,17 @@ from deltattg.envs.household.planner import optimal_remaining
 from deltattg.envs.household.world import Goal, State, World, is_won, type_of
 from deltattg.errors import InputError
 
-SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
-_SPLIT_SEED_OFFSET = {"train": 0, "valid_seen": 1_000_000, "valid_unseen": 2_000_000}
+SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen", "test")
+_SPLIT_SEED_OFFSET = {"train": 0, "valid_seen": 1_000_000, "valid_unseen": 2_000_000, "test": 3_000_000}
+# What each split is deduplicated against (by content): held-out splits never pose a training task, and the test
+# split (for reporting, never for choosing settings) never poses a valid_seen task either.
+_DISJOINT_FROM = {"train": (), "valid_seen": ("train",), "valid_unseen": ("train",), "test": ("train", "valid_seen")}
 _RANGES = ("receptacles", "targets", "distractors", "plan_length")
 # Upper bounds of the knobs (far above any useful house; they keep a crafted or corrupted record from building a
 # house or a split that exhausts memory or time).
 _LIMITS = {"receptacles": 64, "targets": 16, "distractors": 256, "plan_length": 1000, "max_per_receptacle": 64,
-           "max_steps": 10_000, "n_train": 1_000_000, "n_valid_seen": 1_000_000, "n_valid_unseen": 1_000_000}
+           "max_steps": 10_000, "n_train": 1_000_000, "n_valid_seen": 1_000_000, "n_valid_unseen": 1_000_000,
+           "n_test": 1_000_000}
 
 
 def _is_int(value: object) -> bool:
@@ -61,6 +65,7 @@ class HouseholdConfig:
     n_train: int = 1000
     n_valid_seen: int = 140
     n_valid_unseen: int = 134
+    n_test: int = 1000  # seen pairings, disjoint from train and valid_seen: where results are reported
 
     @classmethod
     def short(cls, **overrides: object) -> HouseholdConfig:
@@ -78,7 +83,7 @@ class HouseholdConfig:
                     and 0 <= value[0] <= value[1] <= _LIMITS[name]):
                 raise InputError(f"must be a (low, high) range of integers with 0 <= low <= high <= {_LIMITS[name]}, "
                                  f"got {value!r}", field=name)
-        for name in ("max_per_receptacle", "max_steps", "n_train", "n_valid_seen", "n_valid_unseen"):
+        for name in ("max_per_receptacle", "max_steps", "n_train", "n_valid_seen", "n_valid_unseen", "n_test"):
             value = getattr(self, name)
             if not (_is_int(value) and 0 <= value <= _LIMITS[name]):
                 raise InputError(f"must be an integer in [0, {_LIMITS[name]}], got {value!r}", field=name)
@@ -101,7 +106,7 @@ class HouseholdConfig:
             raise InputError("too many objects for the smallest house", field="max_per_receptacle")
         if self.max_steps < 1:
             raise InputError("must be positive", field="max_steps")
-        if min(self.n_train, self.n_valid_seen, self.n_valid_unseen) < 0:
+        if min(self.n_train, self.n_valid_seen, self.n_valid_unseen, self.n_test) < 0:
             raise InputError("split sizes must be non-negative", field="n_train")
 
 
@@ -202,13 +207,14 @@ def content_key(world: World, state: State) -> tuple:
 @lru_cache(maxsize=64)
 def split_tasks(config: HouseholdConfig, split: str) -> tuple[Task, ...]:
     """A split's fixed tasks. Seeds of different splits never overlap; valid_unseen poses only held-out pairings.
-    The validation splits are deduplicated by content (``content_key``) against the training tasks and themselves:
-    a seed whose task equals one already taken is passed over, so held-out success measures held-out tasks."""
+    The held-out splits are deduplicated by content (``content_key``) against the training tasks (test also against
+    valid_seen's, the split settings are chosen on) and themselves: a seed whose task equals one already taken is
+    passed over, so held-out success measures held-out tasks."""
     if split not in SPLITS:
         raise InputError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}", field="split")
     offset, wanted, unseen = _SPLIT_SEED_OFFSET[split], getattr(config, f"n_{split}"), split == "valid_unseen"
-    taken = set() if split == "train" else {content_key(*generate(config, int(t.data["seed"])))
-                                            for t in split_tasks(config, "train")}  # fmt: skip
+    taken = {content_key(*generate(config, int(t.data["seed"]), other == "valid_unseen"))
+             for other in _DISJOINT_FROM[split] for t in split_tasks(config, other)}  # fmt: skip
     tasks: list[Task] = []
     attempts = wanted if split == "train" else 20 * wanted + 1000
     for seed in range(offset, offset + attempts):
