@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import tarfile
 import os
 from pathlib import Path
 
@@ -112,3 +113,16 @@ def play_actions(env, actions: list[str]):
         result = env.step(action)
     assert result is not None
     return result
+
+
+@pytest.fixture(scope="session")
+def alfworld_data(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """valid_seen and valid_unseen game files, extracted from the shared tarballs into a temporary ALFWORLD_DATA."""
+    root = tmp_path_factory.mktemp("alfworld")
+    for split in ("valid_seen", "valid_unseen"):
+        archive = shared_dir / "data" / "alfworld" / f"json_2.1.1-{split}.tar.gz"
+        if not archive.is_file():
+            pytest.skip(f"{archive} not found")
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
+    return root

@@ -4,7 +4,6 @@ planner expert recovers from detours and replaying actions reproduces the branch
 from __future__ import annotations
 
 import random
-import tarfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -31,19 +30,6 @@ INTRO = (
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see a "
     "desk 1.\n\nYour task is to: look at alarmclock under the desklamp."
 )
-
-
-@pytest.fixture(scope="session")
-def alfworld_data(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """valid_seen and valid_unseen game files, extracted from the shared tarballs into a temporary ALFWORLD_DATA."""
-    root = tmp_path_factory.mktemp("alfworld")
-    for split in ("valid_seen", "valid_unseen"):
-        archive = shared_dir / "data" / "alfworld" / f"json_2.1.1-{split}.tar.gz"
-        if not archive.is_file():
-            pytest.skip(f"{archive} not found")
-        with tarfile.open(archive) as tar:
-            tar.extractall(root, filter="data")
-    return root
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from deltattg.envs.household import (
 )
 from deltattg.errors import InputError
 
-DEFAULT = HouseholdConfig(n_train=60, n_valid_seen=12, n_valid_unseen=12)
+DEFAULT = HouseholdConfig(n_train=60, n_valid_seen=12, n_valid_unseen=12, n_test=20)
 SHORT = HouseholdConfig.short(n_train=30)
 SMALL = HouseholdConfig(  # few receptacle types, so destinations and appliances often come in twos
     receptacles=(3, 5), targets=(1, 3), distractors=(0, 2), max_per_receptacle=3,
@@ -348,18 +348,24 @@ def test_snapshot_restore_and_replay_reproduce_the_next_observation():
 
 
 def test_splits_are_fixed_disjoint_and_valid_unseen_holds_out_pairings():
+    from deltattg.envs.household.generation import content_key
+
     env = HouseholdEnv(DEFAULT)
     tasks = {split: env.tasks(split) for split in SPLITS}
-    assert [len(tasks[s]) for s in SPLITS] == [60, 12, 12]
+    assert [len(tasks[s]) for s in SPLITS] == [60, 12, 12, 20]
     assert tasks["train"] == HouseholdEnv(DEFAULT).tasks("train")
     seeds_of = [{t.data["seed"] for t in ts} for ts in tasks.values()]
-    assert sum(map(len, seeds_of)) == len(set().union(*seeds_of)) == 84
+    assert sum(map(len, seeds_of)) == len(set().union(*seeds_of)) == 104
+    contents = {split: {content_key(*generate(DEFAULT, t.data["seed"], split == "valid_unseen")) for t in ts}
+                for split, ts in tasks.items()}  # fmt: skip
+    assert not contents["test"] & (contents["train"] | contents["valid_seen"])  # the report's split is new
+    assert not (contents["valid_seen"] | contents["valid_unseen"]) & contents["train"]
     for split, ts in tasks.items():
         for task in ts:
             goal = generate(DEFAULT, task.data["seed"], split == "valid_unseen")[0].goal
             assert is_held_out(goal.object_type, goal.receptacle_type) == (split == "valid_unseen")
     with pytest.raises(InputError, match="split"):
-        env.tasks("test")
+        env.tasks("valid_train")
 
 
 @pytest.mark.parametrize(

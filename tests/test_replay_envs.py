@@ -11,8 +11,7 @@ import pytest
 
 from deltattg.cli import main
 from deltattg.data.sources import read_trajectories
-from deltattg.rollout.replay import check_replay, recorded_episode
-from test_env_alfworld import alfworld_data  # noqa: F401 - the shared game files, extracted once per session
+from deltattg.envs.replay import check_replay, recorded_episode
 
 
 def collect(out: Path, env: list[str], policies: list[str], episodes: int, *extra: str) -> list:

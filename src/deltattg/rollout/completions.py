@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from deltattg.data.labels import Continuation
 from deltattg.rollout.engine import Episode, Policy, play
-from deltattg.rollout.replay import RecordedEpisode, check_replay, copy_episode, resume
+from deltattg.envs.replay import RecordedEpisode, check_replay
+from deltattg.rollout.replay import copy_episode, resume
 
 
 @dataclass
@@ -42,6 +43,9 @@ class CompletionCost:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for why, count in other.mismatches.items():
             self.mismatches[why] = self.mismatches.get(why, 0) + count
+
+    def count_mismatch(self, why: str) -> None:
+        self.mismatches[why] = self.mismatches.get(why, 0) + 1
 
     def as_dict(self) -> dict:
         return {"states": self.states, "unreplayable": self.unreplayable, "completion_episodes": self.episodes,
@@ -92,8 +96,7 @@ def complete_states(
             else:
                 out[i, t] = None
                 cost.unreplayable += 1
-                why = (check.mismatch or "unknown").split(":")[0]
-                cost.mismatches[why] = cost.mismatches.get(why, 0) + 1
+                cost.count_mismatch(check.mismatch or "unknown")
     cost.states = len(states) + cost.unreplayable
     states, same_as = distinct_states(recorded, states)
     per_chunk = max(chunk // completions, 1)
@@ -108,7 +111,7 @@ def complete_states(
             if first is None:  # reproduced in the check, not now: a nondeterministic environment
                 out[i, t] = None
                 cost.unreplayable += 1
-                cost.mismatches["replays differently each time"] = cost.mismatches.get("replays differently each time", 0) + 1
+                cost.count_mismatch("replays differently each time")
                 continue
             copies = [first]
             for k in range(1, completions):

@@ -42,7 +42,7 @@ from deltattg.data.trajectory import Trajectory
 from deltattg.errors import InputError
 from deltattg.rollout.completions import CompletionCost, complete_states
 from deltattg.rollout.engine import Policy
-from deltattg.rollout.replay import recorded_episode
+from deltattg.envs.replay import recorded_episode
 
 # ---- the label file: appended trajectory by trajectory, resumable ------------------------------------------------------
 LABELS_FOLDER_SUFFIX = ".labels"  # train-meter keeps a pool's labels in POOL.labels/, one file per setting

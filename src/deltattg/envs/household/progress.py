@@ -3,20 +3,20 @@ state's distance to the goal, and the actions the expert would take from it. The
 ``deltattg inspect`` read recorded trajectories through these.
 
 A trajectory replays when it carries its provenance (``env`` and ``task``, written by the rollout engine): the
-environment is rebuilt from ``env``'s description, reset to ``task`` and stepped through the recorded actions; every
-observation must come out as recorded, or the record is refused (it belongs to another environment or task).
+environment is rebuilt from ``env``'s description, reset to ``task`` and stepped through the recorded actions
+(``envs.replay``); every observation must come out as recorded, or the record is refused (it belongs to another
+environment or task).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from deltattg.data.trajectory import Trajectory, text_of
-from deltattg.envs.base import Task
+from deltattg.data.trajectory import Trajectory
 from deltattg.envs.household.env import HouseholdEnv
 from deltattg.envs.household.planner import best_route
 from deltattg.envs.household.world import State, World, transition
+from deltattg.envs.replay import provenance, recorded_episode, recorded_task, walk
 from deltattg.errors import InputError
 
 
@@ -34,19 +34,11 @@ class Replayed:
         return [len(best_route(self.world, s)) for s in self.states]
 
 
-def _provenance(trajectory: Trajectory, name: str) -> dict[str, Any]:
-    value = trajectory.extra.get(name)
-    if not isinstance(value, dict):
-        raise InputError(f"missing: replaying a trajectory needs the {name} it was recorded in (rollouts of "
-                         "`deltattg collect` and `deltattg train` carry it)", field=name)  # fmt: skip
-    return value
-
-
 def household_env(trajectory: Trajectory) -> HouseholdEnv:
     """The household environment a trajectory's ``env`` record describes; refuses any other environment."""
     from deltattg.envs.registry import rebuild
 
-    description = _provenance(trajectory, "env")
+    description = provenance(trajectory, "env")
     if description.get("name") != HouseholdEnv.name:
         raise InputError(f"only the household environment has a planner to replay with, not {description.get('name')!r}",
                          field="env.name")  # fmt: skip
@@ -59,37 +51,15 @@ def household_env(trajectory: Trajectory) -> HouseholdEnv:
 
 
 def replay(trajectory: Trajectory) -> Replayed:
-    """Rebuild, reset and step the trajectory's environment through its actions (see the module doc)."""
+    """Rebuild, reset and step the trajectory's environment through its actions (``envs.replay.walk``: every
+    observation must come out as recorded), keeping the state before every action and after the last."""
     env = household_env(trajectory)
-    task = _provenance(trajectory, "task")
-    data = task.get("data")
-    if not isinstance(task.get("id"), str) or not isinstance(data, dict) or "seed" not in data:
-        raise InputError("expected {\"id\": ..., \"split\": ..., \"data\": {\"seed\": ...}}", field="task")
-    seed = data["seed"]
+    seed = (recorded_task(trajectory).data or {}).get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise InputError(f"must be an integer in [0, 2^63), got {seed!r}", field="task.data.seed")
-    max_turns = _provenance(trajectory, "env").get("max_turns", env.max_steps)
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        raise InputError(f"must be a positive integer, got {max_turns!r}", field="env.max_turns")
-    messages = trajectory.messages
-    if messages is None:
-        raise InputError("replaying needs the trajectory's messages", field="messages")
-    observation = env.reset(Task(task["id"], str(task.get("split", "train")), data))
-    states = [env.state]
-    expected = observation
-    for index, message in enumerate(messages):
-        role = message.get("role")
-        if role == "user":
-            if text_of(message.get("content")) != expected:
-                raise InputError("does not replay: the environment's observation here differs from the recorded one "
-                                 "(another environment, options or task?)", field=f"messages[{index}].content")  # fmt: skip
-            expected = None
-        elif role == "assistant":
-            if env.snapshot().done:
-                raise InputError("an action after the episode ended", field=f"messages[{index}]")
-            expected = env.step(text_of(message.get("content"))).observation
-            states.append(env.state)
-    return Replayed(env.world, tuple(states), max_turns)
+    recorded = recorded_episode(trajectory, lambda: env, env.max_steps)
+    states = [env.state for _ in walk(recorded, env, recorded.num_steps)]
+    return Replayed(env.world, tuple(states), recorded.max_turns)
 
 
 class ExpertPaths:
