@@ -253,16 +253,11 @@ def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, pa
     """The labels of ``items`` from :func:`add_label_source`'s source, kept in the label file ``path`` (resumed where
     an earlier run left it; a ``cache`` may hold other trajectories' labels too); returns ``(labels by trajectory
     id, LabelReport)``."""
-    from deltattg.data.tokens import ActionTokens, resolve_step_tokens
+    from deltattg.data.tokens import ActionTokens, located_step_tokens
     from deltattg.rollout.label_sources import make_labels
 
     settings = label_settings(args)
-    tokens = []
-    for item in items:
-        try:
-            tokens.append(resolve_step_tokens(item.trajectory, tokenizer))
-        except InputError as exc:
-            raise exc.located(path=item.path, line=item.line) from None
+    tokens = [located_step_tokens(item, tokenizer) for item in items]
     completer = count_action = bootstrap = make_env = None
     if settings.completer:
         if tokenizer is None:

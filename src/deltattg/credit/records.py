@@ -10,7 +10,7 @@ from deltattg.credit.grpo import step_expanded_advantage
 from deltattg.credit.layouts import factorize, step_batch
 from deltattg.credit.registry import Estimator, Reads, available_estimators, get_estimator
 from deltattg.data.sources import Located
-from deltattg.data.tokens import resolve_step_tokens
+from deltattg.data.tokens import located_step_tokens
 from deltattg.data.trajectory import (
     Trajectory,
     anchor_observations,
@@ -82,12 +82,7 @@ def assign_credit(items: Sequence[Located], method: str, config: CreditConfig, t
         check_anchors(items, method)
     if Reads.ANSWER_PROBS in estimator.reads:
         check_answer_logprobs(items, method)
-    step_tokens = []
-    for item in items:
-        try:
-            step_tokens.append(resolve_step_tokens(item.trajectory, tokenizer))
-        except InputError as exc:
-            raise exc.located(path=item.path, line=item.line) from None
+    step_tokens = [located_step_tokens(item, tokenizer) for item in items]
     batch = trajectory_batch([item.trajectory for item in items], step_tokens, estimator)
     credit = estimator(batch, config)
     return [_with_credit(item.record, credit, i, tokens) for i, (item, tokens) in enumerate(zip(items, step_tokens))]

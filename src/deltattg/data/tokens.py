@@ -99,3 +99,11 @@ class ActionTokens:
             turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": action}]
             self._counts[action] = count_step_tokens(turn, self.tokenizer)[0]
         return self._counts[action]
+
+
+def located_step_tokens(item: Any, tokenizer: Any | None) -> list[int]:
+    """:func:`resolve_step_tokens` of a read record (``data.sources.Located``); an error names its file and line."""
+    try:
+        return resolve_step_tokens(item.trajectory, tokenizer)
+    except InputError as exc:
+        raise exc.located(path=item.path, line=item.line) from None

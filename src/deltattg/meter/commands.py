@@ -14,7 +14,7 @@ from typing import Any
 
 from deltattg.command import UsageError
 from deltattg.data.sources import Located
-from deltattg.data.tokens import resolve_step_tokens
+from deltattg.data.tokens import located_step_tokens
 from deltattg.data.labels import StateLabel
 from deltattg.data.trajectory import Trajectory, assistant_indices
 from deltattg.errors import InputError
@@ -62,13 +62,6 @@ def _read_located(meter: Meter, items: Sequence[Located], terminal: bool = False
         if len(items) == 1:
             raise exc.located(path=items[0].path, line=items[0].line) from None
         return [row for item in items for row in _read_located(meter, [item], terminal)]
-
-
-def _located_tokens(item: Located, tokenizer: Any) -> list[int]:
-    try:
-        return resolve_step_tokens(item.trajectory, tokenizer)
-    except InputError as exc:
-        raise exc.located(path=item.path, line=item.line) from None
 
 
 # ---- train-meter --------------------------------------------------------------------------------------------------
@@ -207,7 +200,7 @@ def train_regression(items: Sequence[Located], model: str, output_dir: str, *, c
         windows, examples = [], []
         for item in items:
             w, e = trajectory_examples(meter, _messages(item), item.trajectory.success,
-                                       _located_tokens(item, tokenizer), len(windows), item.trajectory.reward,
+                                       located_step_tokens(item, tokenizer), len(windows), item.trajectory.reward,
                                        None if labels is None else labels[item.trajectory.id])  # fmt: skip
             windows += w
             examples += e
@@ -304,7 +297,7 @@ def _generative_data(items: Sequence[Located], model: str, count_tokenizer: Any,
             {"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {}))
         tokenizer = count_tokenizer or meter.tokenizer
         for item in items:
-            _located_tokens(item, tokenizer)  # locate bad records before any training starts
+            located_step_tokens(item, tokenizer)  # locate bad records before any training starts
         if labels is None:
             records = list(trajectory_records([item.trajectory for item in items], tokenizer))
         else:
