@@ -47,6 +47,7 @@ def test_report_and_every_plot_it_references_exist(demo):
     assert (out / "credit" / "inspect.md").is_file() and "| DeltaTTG (oracle meter) | deltattg |" in report
     for name in images:
         assert (out / name).read_bytes()[:8] == PNG_SIGNATURE, name
+    assert "Against the planner on the same states" in report and "b̂ balanced accuracy" in report
 
 
 def test_report_shows_both_methods_numbers_from_their_metrics(demo):

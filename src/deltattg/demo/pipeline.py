@@ -28,7 +28,7 @@ from deltattg.data.sources import Located, split_by_task
 from deltattg.data.trajectory import MeterOutput, Trajectory
 from deltattg.guidance import GuidanceRow, compare_guidance
 from deltattg.inspection import CreditArm, Inspection, inspect_credit
-from deltattg.meter.fit import MeterFit, meter_fit
+from deltattg.meter.fit import Agreement, MeterFit, agreement_of, fit_of
 from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.oracle import OracleMeter
 from deltattg.regime.config import RegimeConfig
@@ -91,6 +91,7 @@ class DemoResult:
     pool: dict[str, tuple[int, float, float]] = field(default_factory=dict)
     meter_report: dict = field(default_factory=dict)
     fit: MeterFit | None = None
+    oracle_agreement: Agreement | None = None  # the meter against the planner on the same states (household)
     runs: dict[str, list[dict]] = field(default_factory=dict)
     guidance: list[GuidanceRow] = field(default_factory=list)
     credit: Inspection | None = None
@@ -127,7 +128,11 @@ def run_demo(config: RegimeConfig, out: str | Path, *, guidance: bool = True) ->
         with stage("3 progress meter", timings):
             result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter", heldout_pool)
             meter = load_meter(out / "meter", device=torch_device("auto"))
-            result.fit = meter_fit(meter, heldout_pool)
+            readings = read_states(meter, heldout_pool)[0]
+            result.fit = fit_of(heldout_pool, readings)
+            if config.env == "household":  # the planner reads the same states: does the meter read progress?
+                planner = read_states(OracleMeter(actor.tokenizer), heldout_pool)[0]
+                result.oracle_agreement = agreement_of(readings, planner)
         with stage("4 RL: " + ", ".join(config.arms), timings):
             settings_file = out / "train.yaml"
             settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),

@@ -15,7 +15,7 @@ import yaml
 
 from deltattg.demo.pipeline import DemoResult
 from deltattg.guidance import guidance_header, guidance_row
-from deltattg.meter.fit import MeterFit
+from deltattg.meter.fit import Agreement, MeterFit
 from deltattg.report import markdown_table, percent, pyplot, save_figure, text_table
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
@@ -171,6 +171,15 @@ def confusion_table(fit: MeterFit) -> str:
     return markdown_table(("states of", "read b̂ = 1", "read b̂ = 0"), rows)
 
 
+def planner_agreement(agreement: Agreement, fit: MeterFit) -> str:
+    """The meter's accuracy against its labels next to its agreement with the planner on the same states."""
+    return (f"Against the planner on the same states (the oracle: the optimal plan fits in the turns left; the "
+            f"expert's remaining tokens), what a meter that reads progress should match: b̂ balanced accuracy "
+            f"{agreement.b_balanced_accuracy:.3f} over its {agreement.reference_completable} completable and "
+            f"{agreement.states - agreement.reference_completable} hopeless states (against the outcome labels: "
+            f"{percent(fit.completion_accuracy)}% accuracy), Spearman of v̂ against its v {agreement.ttg_spearman:.2f}.")
+
+
 # ---- the report ------------------------------------------------------------------------------------------------------
 def write_report(result: DemoResult) -> Path:
     """Draw the plots, write ``demo_config.yaml``, the credit inspection (``credit/``) and ``report.md`` under
@@ -224,6 +233,7 @@ def write_report(result: DemoResult) -> Path:
         "fitted on those held-out states (what robust DeltaTTG's soft readout reads). How the meter reads b̂ on the "
         "states of successful and of failed trajectories:",
         confusion_table(fit),
+        *([planner_agreement(result.oracle_agreement, fit)] if result.oracle_agreement is not None else []),
         f"![meter fit]({METER_PLOT})",
         "## 4. Where the credit goes",
         f"{config.group_size} sampled base-actor rollouts of each of {config.credit_tasks} training tasks, credited by "
