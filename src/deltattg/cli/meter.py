@@ -84,12 +84,12 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_of(args.tokenizer)
     labels = label_report = None
     if labelling.source != "outcome":  # kept beside the pool: computed once, resumed if interrupted
-        from deltattg.rollout.label_sources import label_cache_path, print_report
+        from deltattg.rollout.label_sources import label_cache_path
 
         cache = label_cache_path(args.data, labelling, environment=vars(args))
         print(f"labels ({labelling.source}): {cache}", file=sys.stderr)
         labels, label_report = compute_labels(args, items, tokenizer, str(cache), cache=True)
-        print_report(label_report, labels)
+        print(f"labels: {label_report.summary()}", file=sys.stderr)
     heldout: list = []
     if args.calibration_fraction:
         from deltattg.data.sources import split_by_task

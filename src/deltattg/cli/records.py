@@ -96,10 +96,8 @@ def cmd_labels(args: argparse.Namespace) -> int:
     items = read_records(args.input, args.skip_invalid)
     tokenizer = tokenizer_of(args.tokenizer)
     if settings.source != "outcome":
-        from deltattg.rollout.label_sources import print_report
-
         labels, report = compute_labels(args, items, tokenizer, args.out)
-        print_report(report, labels)
+        print(f"labels: {report.summary()}", file=sys.stderr)
         print(f"wrote {report.states} prefix labels from {len(items)} trajectories to {args.out}", file=sys.stderr)
         return 0
 

@@ -8,7 +8,7 @@ pool, from one of four sources (``deltattg labels --labels SOURCE``, ``train-met
   remaining tokens among the successful ones (what a planner reads, estimated from policies);
 * ``td``        — bootstrapped from a meter's own readings of the record's states, no resets (TD(λ)).
 
-The terminal state is always anchored to the outcome. A state the environment does not reproduce (``rollout.replay``)
+The terminal state is always anchored to the outcome. A state the environment does not reproduce (``envs.replay``)
 keeps its outcome label and says so (``source: "outcome"``, ``replayed: false``), counted in the report.
 
 Labels are computed once and kept in a JSONL file, appended trajectory by trajectory as they are done, so a killed
@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +110,13 @@ def _complete_lines(path: Path) -> Iterator[tuple[int, dict]]:
         yield line, record
 
 
+def _ends_with(path: Path, records: int) -> bool:
+    """Whether the label file holds exactly ``records`` lines, the last one ended by a line break (nothing to drop
+    before appending)."""
+    data = path.read_bytes()
+    return data.endswith(b"\n") and data.count(b"\n") == records or not data
+
+
 def _rewrite(path: Path, kept: dict[str, list[dict]], others: Sequence[dict]) -> None:
     """Replace ``path`` with only the complete trajectories' records and ``others`` (atomically)."""
     with atomic_output(path) as handle:
@@ -128,6 +134,7 @@ class LabelReport:
     states: int = 0
     unreplayable: int = 0
     cost: CompletionCost | None = None
+    completable: dict[str, list[int]] = field(default_factory=dict)  # source -> [states, labelled completable]
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "cost"}
@@ -146,6 +153,8 @@ class LabelReport:
             if c.unreplayable:
                 why = ", ".join(f"{n}: {reason}" for reason, n in c.mismatches.items())
                 text += f"; {c.unreplayable} states did not replay and keep their outcome label ({why})"
+        for source, (states, completable) in self.completable.items():
+            text += f"\n  {source}: {states} states, {completable / max(states, 1):.1%} labelled completable"
         return text
 
 
@@ -178,10 +187,11 @@ def make_labels(
     by_id = {item.trajectory.id: item.trajectory for item in items}
     tokens_of = {item.trajectory.id: list(tokens) for item, tokens in zip(items, step_tokens)}
     done, others = read_label_file(path, settings, by_id, keep_others)
-    if path.exists():
-        _rewrite(path, done, others)
+    if path.exists() and not _ends_with(path, len(others) + sum(map(len, done.values()))):
+        _rewrite(path, done, others)  # a killed run's partial trajectory, or a torn last line: dropped
     report = LabelReport(trajectories=len(items), reused=len(done))
-    todo = [item for item in items if item.trajectory.id not in done]
+    # a task's trajectories together: the states they share (their first, at least) are completed once
+    todo = sorted((item for item in items if item.trajectory.id not in done), key=lambda item: item.trajectory.group)
     recorded = {}
     if settings.source in REPLAYED_SOURCES:
         for item in todo:  # every record is checked before any completion is played
@@ -207,8 +217,12 @@ def make_labels(
             handle.write("".join(line + "\n" for line in lines))  # one trajectory batch, then flushed
             handle.flush()
             bar.update(len(batch))
+    if todo:  # in the input's order again (they were labelled task by task)
+        done, others = read_label_file(path, settings, by_id, keep_others)
+        _rewrite(path, {key: done[key] for key in by_id}, others)
     report.states = sum(t.num_steps for t in by_id.values())
     report.unreplayable = report.cost.unreplayable if report.cost is not None else 0
+    report.completable = completable_by_source(labels)
     return labels, report
 
 
@@ -230,19 +244,12 @@ def _label_batch(batch: Sequence[Trajectory], tokens: Sequence[Sequence[int]], s
     return [replayed_labels(settings.source, t, n, c) for t, n, c in zip(batch, tokens, completions)], completions
 
 
-def iter_label_summary(labels: dict[str, list[StateLabel]]) -> Iterator[str]:
-    """Per source, how many nonterminal states it labelled and the share labelled completable (for the report)."""
+def completable_by_source(labels: dict[str, list[StateLabel]]) -> dict[str, list[int]]:
+    """Per source that labelled them, the nonterminal states and how many of them are labelled completable."""
     counts: dict[str, list[int]] = {}
     for state_labels in labels.values():
         for label in state_labels[:-1]:
             entry = counts.setdefault(label.source, [0, 0])
             entry[0] += 1
             entry[1] += label.can_complete
-    for source, (states, completable) in counts.items():
-        yield f"{source}: {states} states, {completable / max(states, 1):.1%} completable"
-
-
-def print_report(report: LabelReport, labels: dict[str, list[StateLabel]]) -> None:
-    print(f"labels: {report.summary()}", file=sys.stderr)
-    for line in iter_label_summary(labels):
-        print(f"  {line}", file=sys.stderr)
+    return counts
