@@ -14,6 +14,7 @@ from deltattg.data.labels import (
     Continuation,
     LabelSettings,
     best_of_k_labels,
+    completion_rounds,
     rollout_label,
     td_labels,
 )
@@ -86,6 +87,11 @@ def test_td_labels_by_hand():
     assert [(x.completion_rate, x.tokens_to_go) for x in failed] == [(0.7, 24.0), (0.0, None), (0.0, None)]
 
 
+def test_completion_rounds_double_up_to_k():
+    assert [completion_rounds(k) for k in (1, 2, 3, 4, 5, 8)] == [[1], [1, 1], [1, 1, 1], [1, 1, 2], [1, 1, 2, 1],
+                                                                   [1, 1, 2, 4]]
+
+
 def test_label_settings_refuse_what_does_not_fit():
     with pytest.raises(ValueError, match="--completer"):
         LabelSettings("best-of-k")
@@ -95,6 +101,8 @@ def test_label_settings_refuse_what_does_not_fit():
         LabelSettings("td")
     with pytest.raises(ValueError, match="unknown label source"):
         LabelSettings("oracle")
+    with pytest.raises(ValueError, match="best-of-k only"):
+        LabelSettings("rollout", completer="random", until_success=True)
     assert LabelSettings("rollout", completer="random", completions=2).to_json() == {
         "source": "rollout", "completer": "random", "completions": 2, "seed": 0}
 
@@ -173,6 +181,23 @@ def test_best_of_k_labels_read_what_the_planner_reads(pool, tmp_path, capsys):
     assert ours >= 0.95 and theirs <= 0.85, (ours, theirs)
     # A success proves completability: no label calls a state completable that the planner knows is not.
     assert not any(r["can_complete"] and not b for r, b in zip(labels, planner))
+
+
+def test_until_success_stops_completing_a_state_once_it_is_proven_completable(pool, tmp_path, capsys):
+    """``--until-success``: rounds of 1, 1, 2 completions (K = 4); a state that got fewer than 4 was proven completable
+    first, a state labelled hopeless got all 4; the completions played are fewer than 4 per state."""
+    path, tokenizer = pool
+    out = tmp_path / "U.jsonl"
+    assert main(["labels", str(path), "--labels", "best-of-k", "--completer", "random", "--completions", "4",
+                 "--until-success", "--tokenizer", str(tokenizer), "--out", str(out), "--no-progress"]) == 0
+    report = capsys.readouterr().err
+    labels = read_jsonl(out)
+    assert all(r["labelling"]["until_success"] for r in labels)
+    assert all(r["can_complete"] for r in labels if r["completions"][1] < 4)
+    assert all(r["completions"][1] == 4 for r in labels if not r["can_complete"])
+    assert {r["completions"][1] for r in labels} <= {1, 2, 4}
+    played = int(report.split(" completions,")[0].rsplit("; ", 1)[1])
+    assert played < 4 * len(labels), report
 
 
 def test_a_killed_labelling_run_resumes_to_the_same_labels(pool, tmp_path, capsys):

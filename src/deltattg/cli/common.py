@@ -221,6 +221,11 @@ def add_label_source(parser: argparse.ArgumentParser) -> None:
                        "state, as collect takes it (random, expert:EPS, lm:MODEL, lm:ACTOR_FOLDER)")
     group.add_argument("--completions", type=number(int, low=1, high=1024), default=4, metavar="K",
                        help="rollout, best-of-k: completions per decision state (default %(default)s)")
+    group.add_argument("--until-success", action="store_true",
+                       help="best-of-k: play the completions in rounds (1, 1, 2, 4, ... up to K) and none more for a "
+                       "state once it is proven completable (by its own completion or a later state's): its label "
+                       "is settled; tokens_to_go is then the fewest among the completions played (about half the "
+                       "cost at K = 4)")
     group.add_argument("--bootstrap-meter", metavar="METER", help="td: the meter whose readings of s_t+1 make the "
                        "target of s_t (e.g. one trained with --labels outcome)")
     group.add_argument("--td-lambda", type=probability, default=0.0, metavar="LAMBDA",
@@ -244,7 +249,8 @@ def label_settings(args: argparse.Namespace):
     try:
         completer = parse_policy(args.completer).resolved().text if args.completer else None
         return LabelSettings(source=args.labels, completer=completer, completions=args.completions,
-                             seed=args.label_seed, bootstrap_meter=args.bootstrap_meter, td_lambda=args.td_lambda)
+                             seed=args.label_seed, bootstrap_meter=args.bootstrap_meter, td_lambda=args.td_lambda,
+                             until_success=args.until_success)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -181,7 +181,9 @@ REPLAYED_SOURCES = ("rollout", "best-of-k")
 @dataclass(frozen=True)
 class LabelSettings:
     """What makes a set of labels: the ``source``, and for the replay sources the ``completer`` (a policy spec, as
-    ``collect`` takes it), the ``completions`` per state and the ``seed``; for ``td`` the bootstrap meter and λ."""
+    ``collect`` takes it), the ``completions`` per state and the ``seed`` (for ``best-of-k``, ``until_success``:
+    completions in rounds, :func:`completion_rounds`, none more for a state once it is proven completable); for
+    ``td`` the bootstrap meter and λ."""
 
     source: str = "outcome"
     completer: str | None = None
@@ -189,6 +191,7 @@ class LabelSettings:
     seed: int = 0
     bootstrap_meter: str | None = None
     td_lambda: float = 0.0
+    until_success: bool = False  # best-of-k: complete in rounds, a state proven completable gets no more
 
     def __post_init__(self) -> None:
         if self.source not in LABEL_SOURCES:
@@ -207,15 +210,28 @@ class LabelSettings:
             raise ValueError(f"--completions must be at least 1, got {self.completions}")
         if not 0.0 <= self.td_lambda <= 1.0:
             raise ValueError(f"--td-lambda must be in [0, 1], got {self.td_lambda}")
+        if self.until_success and self.source != "best-of-k":
+            raise ValueError("--until-success stops completing a state proven completable: --labels best-of-k only")
 
     def to_json(self) -> dict[str, Any]:
         """The settings that shaped the labels (the others left out, so an ``outcome`` set reads ``{"source": ...}``)."""
         out: dict[str, Any] = {"source": self.source}
         if self.source in REPLAYED_SOURCES:
             out |= {"completer": self.completer, "completions": self.completions, "seed": self.seed}
+        if self.until_success:
+            out["until_success"] = True
         if self.source == "td":
             out |= {"bootstrap_meter": self.bootstrap_meter, "td_lambda": self.td_lambda}
         return out
+
+
+def completion_rounds(completions: int) -> list[int]:
+    """How ``best-of-k --until-success`` spends K completions per state: rounds of 1, 1, 2, 4, ... (the last cut to
+    reach K), each played only for the states not yet proven completable."""
+    rounds: list[int] = []
+    while sum(rounds) < completions:
+        rounds.append(min(max(sum(rounds), 1), completions - sum(rounds)))
+    return rounds
 
 
 def outcome_labels(trajectory: Trajectory, step_tokens: Sequence[int]) -> list[StateLabel]:

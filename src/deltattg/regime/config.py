@@ -81,6 +81,7 @@ class RegimeConfig:
     # ---- where the learned meters' labels come from (``rollout.label_sources``; arms ``METHOD@SOURCE``) ----
     label_completer: str = ACTOR_IN_POOL  # rollout / best-of-k: the base actor (no planner); expert:EPS = a reference
     label_completions: int = 4  # K completions per decision state
+    label_until_success: bool = False  # best-of-k: rounds of completions, none more once a state is proven completable
     td_lambda: float = 0.0  # td: λ of the bootstrapped target (bootstrapped from the seed's outcome meter)
 
     # ---- generative meter (the paper's; arms ``METHOD@generative``): an LM fine-tuned by SFT (Eq. 3, D.2) ----

@@ -200,7 +200,8 @@ def label_settings(config: RegimeConfig, source: str, actor_spec: str, bootstrap
     if source in REPLAYED_SOURCES:
         completer = f"lm:{actor_spec}" if config.label_completer == ACTOR_IN_POOL else config.label_completer
     return LabelSettings(source, completer=completer, completions=config.label_completions, seed=config.seed,
-                         bootstrap_meter=str(bootstrap_meter) if source == "td" else None, td_lambda=config.td_lambda)
+                         bootstrap_meter=str(bootstrap_meter) if source == "td" else None, td_lambda=config.td_lambda,
+                         until_success=config.label_until_success and source == "best-of-k")
 
 
 def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequence[Trajectory],

@@ -75,12 +75,13 @@ def complete_states(
     completions: int,
     count_action: Callable[[str], int],
     *,
+    only: set[tuple[int, int]] | None = None,
     chunk: int = 256,
     progress: bool = False,
 ) -> tuple[Completions, CompletionCost]:
-    """``completions`` continuations by ``policy`` of every nonterminal decision state s_0..s_{T−1} of every record,
-    each within the turns the record had left there (its ``max_turns`` − t); states that do not replay map to
-    ``None`` (counted in the cost, with why)."""
+    """``completions`` continuations by ``policy`` of every nonterminal decision state s_0..s_{T−1} of every record
+    (of the states ``only`` names, where given: ``(record, t)``), each within the turns the record had left there
+    (its ``max_turns`` − t); states that do not replay map to ``None`` (counted in the cost, with why)."""
     if completions < 1:
         raise ValueError(f"completions must be at least 1, got {completions}")
     started = time.perf_counter()
@@ -88,9 +89,12 @@ def complete_states(
     out: Completions = {}
     states: list[tuple[int, int]] = []
     for i, record in enumerate(recorded):
+        wanted = [t for t in range(record.num_steps) if only is None or (i, t) in only]
+        if not wanted:
+            continue
         check = check_replay(record)
         cost.env_steps += max(check.replayed - 1, 0)
-        for t in range(record.num_steps):
+        for t in wanted:
             if t < check.replayed:
                 states.append((i, t))
             else:

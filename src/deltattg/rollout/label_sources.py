@@ -30,6 +30,7 @@ from deltattg.data.labels import (
     SETTINGS_KEY,
     LabelSettings,
     StateLabel,
+    completion_rounds,
     label_records,
     labels_of_records,
     outcome_labels,
@@ -238,10 +239,23 @@ def _label_batch(batch: Sequence[Trajectory], tokens: Sequence[Sequence[int]], s
         return [td_labels(t.success, n, r, settings.td_lambda) for t, n, r in zip(batch, tokens, readings)], \
             [[] for _ in batch]  # fmt: skip
     assert policy is not None and count_action is not None and report.cost is not None
-    found, cost = complete_states([recorded[t.id] for t in batch], policy, settings.completions, count_action)
-    report.cost.add(cost)
+    records = [recorded[t.id] for t in batch]
+    rounds = completion_rounds(settings.completions) if settings.until_success else [settings.completions]
+    found: dict = {}
+    pending: set[tuple[int, int]] | None = None  # every state in the first round
+    for count in rounds:
+        new, cost = complete_states(records, policy, count, count_action, only=pending)
+        report.cost.add(cost)
+        for state, continuations in new.items():
+            found[state] = None if continuations is None else [*(found.get(state) or []), *continuations]
+        labels = [replayed_labels(settings.source, t, n, [found[i, s] for s in range(t.num_steps)])
+                  for i, (t, n) in enumerate(zip(batch, tokens))]  # fmt: skip
+        pending = {(i, s) for i, state_labels in enumerate(labels) for s, label in enumerate(state_labels[:-1])
+                   if found[i, s] is not None and not label.can_complete}  # fmt: skip
+        if not pending:
+            break
     completions = [[found[i, s] for s in range(t.num_steps)] for i, t in enumerate(batch)]
-    return [replayed_labels(settings.source, t, n, c) for t, n, c in zip(batch, tokens, completions)], completions
+    return labels, completions
 
 
 def completable_by_source(labels: dict[str, list[StateLabel]]) -> dict[str, list[int]]:
