@@ -250,3 +250,27 @@ def test_train_meter_learns_from_a_label_source_and_names_it(pool, tmp_path, cap
     reference = json.loads(fit.read_text())["reference"]
     assert {"b_balanced_accuracy", "ttg_spearman", "completion_agreement"} <= set(reference)
     assert 0 <= reference["b_balanced_accuracy"] <= 1
+
+
+def test_bad_label_requests_are_refused_before_any_work(pool, tmp_path, capsys):
+    """A record without its environment is refused with its file and line (nothing written); options that do not
+    fit together are usage errors, refused before anything is read."""
+    path, tokenizer = pool
+    records = read_jsonl(path)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps(records[0]) + "\n" + json.dumps({k: v for k, v in records[1].items() if k != "env"})
+                    + "\n")  # fmt: skip
+    out = tmp_path / "L.jsonl"
+    common = ["--tokenizer", str(tokenizer), "--out", str(out), "--no-progress"]
+    assert main(["labels", str(bare), "--labels", "best-of-k", "--completer", "random", *common]) == 2
+    assert f"{bare}:2: env: missing" in capsys.readouterr().err and not out.exists()
+    for extra, message in ((["--labels", "best-of-k"], "--completer"),
+                           (["--labels", "rollout", "--completer", "nonsense"], "unknown policy"),
+                           (["--labels", "td"], "--bootstrap-meter"),
+                           (["--completer", "random"], "--completer plays"),
+                           (["--labels", "best-of-k", "--completer", "random", "--target", "steps"], "--target"),
+                           (["--labels", "best-of-k", "--completer", "random", "--short"], "--env")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["labels", str(path), *extra, *common])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, extra
+        assert not out.exists()
