@@ -274,3 +274,31 @@ def test_bad_label_requests_are_refused_before_any_work(pool, tmp_path, capsys):
             main(["labels", str(path), *extra, *common])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, extra
         assert not out.exists()
+
+
+def test_td_labels_bootstrap_from_the_meters_reading_of_the_next_state(pool, tmp_path):
+    """``--labels td --td-lambda 0``: state t's target is the meter's p̃ of state t + 1 (as ``score`` reads it) and
+    the last state's is the outcome; v_t = n_t + v̂_{t+1}."""
+    from test_meter_regression import tiny_meter
+
+    path, tokenizer = pool
+    meter = tmp_path / "meter"
+    tiny_meter().save_pretrained(meter)
+    common = ["--tokenizer", str(tokenizer), "--no-progress"]
+    out, scored = tmp_path / "T.jsonl", tmp_path / "S.jsonl"
+    assert main(["labels", str(path), "--labels", "td", "--bootstrap-meter", str(meter), "--out", str(out),
+                 *common]) == 0  # fmt: skip
+    assert main(["score", str(path), "--meter", str(meter), "--out", str(scored), *common]) == 0
+    labels = {(r["id"], r["step"]): r for r in read_jsonl(out)}
+    for record in read_jsonl(scored):
+        readings, tokens = record["meter"], record["step_tokens"]
+        last = len(readings) - 1
+        for t in range(last + 1):
+            label = labels[record["id"], t]
+            if t == last:
+                assert label["completion_rate"] == float(record["success"])
+                continue
+            assert label["completion_rate"] == pytest.approx(readings[t + 1]["probability"], abs=1e-5)
+            value = label["tokens_to_go"] if label["can_complete"] else label.get("tokens_to_go_if_completed")
+            assert value == pytest.approx(tokens[t] + readings[t + 1]["tokens_to_go"], rel=1e-5)
+            assert label["source"] == "td"
