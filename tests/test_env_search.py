@@ -105,7 +105,7 @@ def test_actions_in_search_r1_text_and_tool_call_forms():
 
 def test_an_episode_searches_reads_passages_and_is_judged_by_exact_match(env):
     search, answer = play(env, "menzies", ["<search> boarding school Robert Menzies </search>", "<answer> Marion </answer>"])
-    assert search.observation.startswith("<information>Doc 1(Title: Westminster School, Adelaide) Westminster")
+    assert search.observation.startswith('<information>Doc 1(Title: "Westminster School, Adelaide") Westminster')
     assert search.info["verified"] and search.info["passages"][0] == "p1" and not search.done
     assert answer.done and answer.reward == 1.0 and answer.won and answer.info["f1"] == 1.0
     [wrong] = play(env, "hamlet", ["<answer> Christopher Marlowe </answer>"])
@@ -271,9 +271,89 @@ def test_the_server_speaks_search_r1s_protocol_and_the_client_reads_it(server):
     queries = ["boarding school Menzies", "Hamlet", "founded 1838", "zzz"]
     assert RetrievalClient(url).search(queries, 3) == index.search(queries, 3)
     for body, status_code in [(b"{not json", 400), (b'{"queries": "x"}', 400), (b'{"queries": ["x"], "topk": 0}', 400),
-                              (json.dumps({"queries": ["x"] * 300}).encode(), 400)]:  # fmt: skip
+                              (json.dumps({"queries": ["x"] * 3000, "topk": 100}).encode(), 400)]:  # fmt: skip
         code, error = post(url, body)
         assert code == status_code and "error" in error
+
+
+def test_the_server_answers_search_r1s_batch_of_2560_queries(server):
+    """Search-R1's GRPO script sends every active rollout's query in one request: 2,560 of them, topk 3, with scores
+    (its client then reads ``["result"]`` and would crash on an error answer)."""
+    index, url = server
+    queries = [f"{word} {k}" for k in range(512) for word in ("Hamlet", "Melbourne founded", "Menzies school",
+                                                                 "Marion city", "nothing")]  # fmt: skip
+    status, answer = post(url, json.dumps({"queries": queries, "topk": 3, "return_scores": True}).encode())
+    assert status == 200 and len(answer["result"]) == 2560
+    assert [[hit["document"]["id"] for hit in hits] for hits in answer["result"][:5]] == \
+        [[p.id for p in hits] for hits in index.search(queries[:5], 3)]  # fmt: skip
+
+
+def test_the_client_keeps_topk_and_names_passages_without_ids(files):
+    """A server that sends more documents than asked, without ids (Search-R1's BM25 path): the client keeps the first
+    ``topk`` and gives each passage an id of its contents, so two passages never share one; titles keep their
+    quotes, as Search-R1 shows them."""
+    from deltattg.envs.search.retrieval import content_id, passages_of
+
+    documents = [{"contents": c["contents"]} for c in CORPUS]
+    body = json.dumps({"result": [[{"document": d, "score": 1.0} for d in documents]]}).encode()
+    (hits,) = passages_of(body, 1, topk=2)
+    assert [p.contents for p in hits] == [c["contents"] for c in CORPUS[:2]]
+    assert hits[0].id == content_id(CORPUS[0]["contents"]) != hits[1].id and hits[0].id.startswith("sha256:")
+    assert hits[0].title == '"Westminster School, Adelaide"'
+
+
+def test_a_stalled_client_is_dropped_and_a_disconnect_is_quiet(files, monkeypatch, capsys):
+    """A client that sends half a request and stops is dropped after the connection timeout (it holds no thread for
+    good); one that disconnects before its answer prints no traceback; the server keeps answering."""
+    from deltattg.envs.search import retrieval
+
+    monkeypatch.setattr(retrieval, "CONNECTION_TIMEOUT_S", 0.5)
+    _, corpus = files
+    httpd = make_server(BM25Index(read_corpus(corpus)), "127.0.0.1", 0, max_handlers=2)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        stalled = []
+        for _ in range(2):  # both handler slots taken by half-sent requests
+            client = socket.create_connection(httpd.server_address[:2])
+            client.sendall(b"POST /retrieve HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+            stalled.append(client)
+        started = time.monotonic()
+        status, _ = post(url, json.dumps({"queries": ["Hamlet"]}).encode())  # answered once a stalled one is dropped
+        assert status == 200 and time.monotonic() - started < 5
+        for client in stalled:
+            assert client.recv(1024) == b""  # the server closed it
+            client.close()
+        quitter = socket.create_connection(httpd.server_address[:2])
+        quitter.sendall(b"POST /retrieve HTTP/1.1\r\nContent-Length: 20\r\n\r\n")
+        quitter.close()
+        time.sleep(0.8)
+        assert post(url, json.dumps({"queries": ["Hamlet"]}).encode())[0] == 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_verls_search_r1_parquet_is_read(tmp_path):
+    """The rows verl's ``examples/data_preprocess/preprocess_search_r1_dataset.py`` writes: the question only under
+    ``extra_info.question``, the answers under ``reward_model.ground_truth.target``."""
+    import pandas as pd
+
+    rows = [{"data_source": "searchR1_nq", "prompt": [{"role": "system", "content": "You are a helpful assistant."},
+                                                       {"role": "user", "content": "Answer... Question: " + q["question"]}],
+             "ability": "fact-reasoning",
+             "reward_model": {"ground_truth": {"target": ["Marion"]}, "style": "rule"},
+             "extra_info": {"index": k, "need_tools_kwargs": True, "question": q["question"], "split": "train",
+                            "tools_kwargs": {"search": {"create_kwargs": {"ground_truth": {"target": ["Marion"]},
+                                                                           "question": q["question"],
+                                                                           "data_source": "searchR1_nq"}}}},
+             "metadata": None} for k, q in enumerate(QUESTIONS)]  # fmt: skip
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    tasks = read_questions(path, "train")
+    assert [t.data["question"] for t in tasks] == [q["question"] for q in QUESTIONS]
+    assert all(t.data["answers"] == ["Marion"] and t.data["source"] == "searchR1_nq" for t in tasks)
 
 
 def test_a_dead_server_is_a_failed_step_not_an_exception(files):

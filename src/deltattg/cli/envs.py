@@ -34,6 +34,9 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     """Serve Search-R1's POST /retrieve over a corpus with BM25 until interrupted."""
     from deltattg.envs.search.retrieval import RETRIEVE_PATH, bm25_index, make_server
 
+    if not args.host.strip():
+        raise UsageError("--host '' would listen on every interface: name the address (127.0.0.1, the default; "
+                         "0.0.0.0 for every interface)")
     try:
         index = bm25_index(args.corpus)
         server = make_server(index, args.host, args.port, topk=args.topk)
@@ -42,6 +45,9 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     host, port = server.server_address[:2]
+    if host in ("0.0.0.0", "::"):
+        print("deltattg: listening on every interface: anyone who can reach this machine can query the corpus",
+              file=sys.stderr)
     print(f"serving {len(index.passages)} passages of {args.corpus} at http://{host}:{port}{RETRIEVE_PATH} "
           "(Ctrl-C stops)", file=sys.stderr, flush=True)
     try:

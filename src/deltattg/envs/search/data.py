@@ -1,14 +1,15 @@
 """The search environment's files: question sets (one split per file) and passage corpora, in Search-R1's formats.
 
 **Questions**: JSONL or Parquet, one question a record, as Search-R1 / FlashRAG and verl's search recipes write them:
-``question`` (a string) and the golden answers under ``golden_answers``, ``ground_truth.target`` (AgentProcessBench) or
+``question`` (a string; in the rows verl's ``preprocess_search_r1_dataset.py`` writes, ``extra_info.question``) and
+the golden answers under ``golden_answers``, ``ground_truth.target`` (AgentProcessBench) or
 ``reward_model.ground_truth.target`` (verl's parquet rows), a string or a list of strings. Optional: ``id`` (the
 task id; else ``SPLIT-N``, N the record's 0-based position), ``queries``, a list of search queries known to find
 the evidence (what the expert tries first), and ``data_source`` (what ``evaluate`` breaks results down by). A folder of such files has one split per file, named by the file's stem
 (``train.jsonl`` → ``train``).
 
 **Corpus**: JSONL, one passage a line, ``{"id": ..., "contents": "Title\\ntext"}`` (Search-R1's ``wiki-18.jsonl``
-layout; a passage's title is its first line, quotes removed).
+layout; a passage's title is its first line, as Search-R1 shows it, quotes kept).
 
 Bad records are ``InputError`` naming the file, the line (Parquet: the row) and the field.
 """
@@ -37,7 +38,8 @@ class Passage:
 
     @property
     def title(self) -> str:
-        return self.contents.split("\n", 1)[0].strip().strip('"')
+        """The first line of ``contents``, as Search-R1 shows it (``"Westminster School, Adelaide"``, quotes kept)."""
+        return self.contents.split("\n", 1)[0].strip()
 
     @property
     def text(self) -> str:
@@ -97,10 +99,12 @@ def _strings(value: Any, field: str, *, path: str, line: int) -> list[str]:
 
 def question_task(record: dict[str, Any], split: str, index: int, *, path: str, line: int) -> Task:
     """The task of one question record (see the module doc)."""
-    question = record.get("question")
+    extra = record.get("extra_info") if isinstance(record.get("extra_info"), dict) else {}
+    question, field = (record.get("question"), "question") if "question" in record else \
+        (extra.get("question"), "extra_info.question")  # fmt: skip
     if not isinstance(question, str) or not question.strip():
-        raise InputError("a question record needs a non-empty string 'question'", path=path, line=line,
-                         field="question")
+        raise InputError("a question record needs a non-empty string 'question' (verl's rows: 'extra_info.question')",
+                         path=path, line=line, field=field)  # fmt: skip
     answers, field = _answers(record)
     if answers is None:
         raise InputError("no golden answers: give golden_answers, ground_truth.target or "

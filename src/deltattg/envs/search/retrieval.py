@@ -10,9 +10,12 @@
   memory once per corpus file and process; passages no query term matches are not returned.
 * :class:`RetrievalClient` — a client of any server speaking the protocol, each request a
   :class:`~deltattg.deadline_post.DeadlinePost` (one deadline, bounded retries, redirects not followed).
-* :func:`serve` — ``deltattg serve-retriever CORPUS --port P``: the protocol over a :class:`BM25Index` (standard
-  library HTTP server, one thread per request; bodies over 1 MiB, more than 256 queries or ``topk`` over 100 are
-  refused with HTTP 400/413 and a JSON ``{"error": ...}``).
+* :func:`make_server` — ``deltattg serve-retriever CORPUS --port P``: the protocol over a :class:`BM25Index`
+  (standard library HTTP server). It serves what Search-R1 sends — every active rollout's query in one request
+  (2,560 in its GRPO script) — and bounds the work by bytes and time, not by a count such a client exceeds: a body
+  over 16 MiB, ``topk`` over 100 or queries × ``topk`` over 262,144 results are refused with HTTP 400/413 and a JSON
+  ``{"error": ...}``; at most 32 requests are answered at once (the rest wait in a listen backlog of 512), and a
+  client that sends nothing for 30 s is dropped. A client that disconnects early is no error.
 
 A failed retrieval is a :class:`RetrievalError` with a one-line reason; the environment turns it into a failed step.
 """
@@ -33,9 +36,12 @@ from deltattg.deadline_post import DeadlinePost, http_url_parts, snippet
 from deltattg.envs.search.data import Passage, read_corpus
 from deltattg.errors import InputError
 
-MAX_QUERIES = 256
 MAX_TOPK = 100
-MAX_REQUEST_BYTES = 1 << 20
+MAX_RESULTS = 1 << 18  # queries × topk of one request: Search-R1's GRPO script sends 2,560 queries (× 3, up to × 100)
+MAX_REQUEST_BYTES = 16 << 20
+CONNECTION_TIMEOUT_S = 30.0  # a client that sends nothing for this long is dropped (a stalled or half-sent request)
+MAX_HANDLERS = 32  # requests answered at once; more wait in the listen backlog
+LISTEN_BACKLOG = 512  # Search-R1 trains with hundreds of concurrent rollouts
 RETRIEVE_PATH = "/retrieve"
 
 
@@ -101,22 +107,34 @@ def retrieval_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path=parts.path if parts.path.strip("/") else RETRIEVE_PATH))
 
 
-def passages_of(body: bytes, n_queries: int) -> list[list[Passage]]:
-    """The passages of a ``/retrieve`` answer for ``n_queries`` queries (with or without scores);
-    :class:`RetrievalError` for anything else."""
+def passages_of(body: bytes, n_queries: int, topk: int | None = None) -> list[list[Passage]]:
+    """The passages of a ``/retrieve`` answer for ``n_queries`` queries (with or without scores), the first ``topk``
+    of each where given (a server may send more than asked); :class:`RetrievalError` for anything else."""
     try:
         result = json.loads(body)["result"]
         if not isinstance(result, list) or len(result) != n_queries:
             raise ValueError(f"'result' must hold one list per query ({n_queries})")
-        return [[_passage(item.get("document", item)) for item in hits] for hits in result]
+        if not all(isinstance(hits, list) for hits in result):
+            raise ValueError("each query's result must be a list")
+        return [[_passage(item.get("document", item)) for item in hits[:topk]] for hits in result]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise RetrievalError(f"not a /retrieve answer ({exc}): {snippet(body)}") from None
 
 
 def _passage(document: Any) -> Passage:
+    """A returned document as a :class:`Passage`; one without an ``id`` (Search-R1's BM25 server sends none) is named
+    by its contents (:func:`content_id`), so two different passages never share an id."""
     if not isinstance(document, dict) or not isinstance(document.get("contents"), str):
         raise ValueError("a document is an object with a string 'contents'")
-    return Passage(str(document.get("id", "")), document["contents"])
+    pid = document.get("id")
+    return Passage(content_id(document["contents"]) if pid is None or pid == "" else str(pid), document["contents"])
+
+
+def content_id(contents: str) -> str:
+    """A passage's id from its contents: ``sha256:`` and the first 16 hex digits of their SHA-256."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(contents.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 class RetrievalClient:
@@ -132,7 +150,7 @@ class RetrievalClient:
         answer = self._post.send(payload)
         if answer.body is None:
             raise RetrievalError(answer.error or f"no answer from {self.url}")
-        return passages_of(answer.body, len(queries))
+        return passages_of(answer.body, len(queries), topk)
 
 
 # ---- the server --------------------------------------------------------------------------------------------------
@@ -144,12 +162,13 @@ def retrieve_answer(index: BM25Index, request: Any, default_topk: int) -> dict[s
     queries = request.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise ValueError("'queries' must be a list of strings")
-    if len(queries) > MAX_QUERIES:
-        raise ValueError(f"'queries': at most {MAX_QUERIES} per request, got {len(queries)}")
     topk = request.get("topk")
     topk = default_topk if topk is None else topk
     if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
         raise ValueError(f"'topk' must be an integer from 1 to {MAX_TOPK}")
+    if len(queries) * topk > MAX_RESULTS:
+        raise ValueError(f"'queries' × 'topk' asks for {len(queries) * topk:,} results, at most {MAX_RESULTS:,} per "
+                         "request: split it")  # fmt: skip
     with_scores = request.get("return_scores", False)
     if not isinstance(with_scores, bool):
         raise ValueError("'return_scores' must be true or false")
@@ -158,12 +177,49 @@ def retrieve_answer(index: BM25Index, request: Any, default_topk: int) -> dict[s
     return {"result": result}
 
 
-def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, topk: int = 3) -> ThreadingHTTPServer:
-    """An HTTP server answering ``POST /retrieve`` over ``index`` (``port`` 0: any free port); call
-    ``serve_forever()`` on it."""
+class RetrievalServer(ThreadingHTTPServer):
+    """A thread per request, at most ``max_handlers`` at once (the accept loop waits for a free slot; connections
+    queue in the listen backlog meanwhile); a client's disconnect or silence ends its connection quietly."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type, max_handlers: int = MAX_HANDLERS):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_handlers)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(timeout=CONNECTION_TIMEOUT_S):  # every slot held for a whole timeout: drop it
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # the client went away or went quiet
+            return
+        super().handle_error(request, client_address)
+
+
+def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, topk: int = 3,
+                max_handlers: int = MAX_HANDLERS) -> RetrievalServer:
+    """An HTTP server answering ``POST /retrieve`` over ``index`` (``port`` 0: any free port), at most
+    ``max_handlers`` requests at once; call ``serve_forever()`` on it."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "deltattg-retriever"
+        timeout = CONNECTION_TIMEOUT_S  # the socket's: a stalled or half-sent request ends the connection
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise here
             pass
@@ -198,6 +254,4 @@ def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, 
                 return
             self._answer(200, answer)
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return RetrievalServer((host, port), Handler, max_handlers)
