@@ -50,7 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, (make_env, split, turns) in environments(args).items():
         if args.envs and name not in args.envs:
             continue
-        pool = collect(make_env, split, specs, episodes=args.episodes, max_turns=turns, progress=False)
+        tasks = len(make_env().tasks(split))
+        group = -(-args.episodes // tasks)  # a small split's tasks played more than once each
+        pool = collect(make_env, split, specs, episodes=args.episodes, group_size=group, max_turns=turns,
+                       progress=False)  # fmt: skip
         started = time.perf_counter()
         checks = [check_replay(recorded_episode(t)) for t in pool]
         seconds = time.perf_counter() - started

@@ -99,3 +99,22 @@ def test_noisy_expert_records_carry_provenance_step_labels(tmp_path, tiny_tokeni
     steps = sum(len(t.extra["step_labels"]) for ts in by_policy.values() for t in ts if "step_labels" in t.extra)
     assert rows["meter (binary)"]["steps"] == steps
     assert rows["meter (binary)"]["correct"] >= rows["meter (binary)"]["beneficial"]
+
+
+def test_more_episodes_than_tasks_is_refused_not_repeated(tmp_path, capsys):
+    """``--episodes`` beyond the split's tasks used to draw tasks again and write repeated trajectory ids (which
+    ``labels`` and ``credit`` then refuse): it is refused up front; a larger ``--group-size`` plays a task more often,
+    each episode with its own id."""
+    from deltattg.envs.household import HouseholdConfig
+
+    tasks = HouseholdConfig.short().n_valid_seen
+    out = tmp_path / "pool.jsonl"
+    argv = ["collect", "--env", "household", "--short", "--split", "valid_seen", "--policy", "random", "--out",
+            str(out), "--no-progress"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--episodes", str(tasks + 1)])
+    assert exit_info.value.code == 2 and f"the split has only {tasks}" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*argv, "--episodes", str(tasks + 1), "--group-size", "2"]) == 0
+    ids = [item.trajectory.id for item in read_trajectories(out)[0]]
+    assert len(ids) == tasks + 1 == len(set(ids))

@@ -227,3 +227,16 @@ def test_evaluate_reports_by_scenario_on_the_shipped_scenarios_by_default(tmp_pa
     results = json.loads((out / "results.json").read_text())
     assert results["breakdown"] == "scenario" and results["overall"]["success"] == 1.0
     assert {k: v["episodes"] for k, v in results["by_type"].items()} == {"event_ticketing": 3, "notes": 3}
+
+
+def test_a_task_index_must_be_an_integer_not_a_boolean(release):
+    """``task_idx: true`` (a crafted or corrupted record) was played as task 1 (``True == 1`` in a dict lookup)."""
+    from dataclasses import replace
+
+    env = AWMEnv(release)
+    task = env.tasks("all")[1]
+    assert task.data["task_idx"] == 1
+    for bad in (True, "1", 1.0, None):
+        with pytest.raises(ValueError, match="not a playable task"):
+            env.reset(replace(task, data={**task.data, "task_idx": bad}))
+    env.close()

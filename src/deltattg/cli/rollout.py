@@ -24,7 +24,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from deltattg.data.jsonl import write_jsonl
     from deltattg.data.tokens import count_step_tokens
     from deltattg.envs.registry import DEFAULT_SPLIT
-    from deltattg.rollout.collect import collect, parse_policy
+    from deltattg.rollout.collect import choose_tasks, collect, parse_policy
     from deltattg.rollout.policies import SamplingConfig
 
     check_out(args.out)
@@ -35,7 +35,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"--policy {', '.join(repeated)} given more than once (trajectory ids would repeat)")
-        make_env, _, _ = environment(args, [split])
+        make_env, _, tasks = environment(args, [split])
+        choose_tasks(tasks, args.episodes, args.group_size, args.seed)  # enough distinct tasks, refused up front
         sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                   prefix_cache=args.prefix_cache)
     except (ValueError, ImportError, OSError) as exc:

@@ -116,12 +116,14 @@ def check_episodes(episodes: int, tasks: Sequence) -> None:
 
 
 def choose_tasks(tasks: Sequence, episodes: int, group_size: int, seed: int) -> list:
-    """ceil(episodes / group_size) tasks drawn without replacement (with replacement if the split is smaller)."""
+    """ceil(episodes / group_size) distinct tasks drawn without replacement; ``ValueError`` when the split has fewer
+    (a task drawn twice would repeat its trajectories' ids: play it more often with a larger ``group_size``)."""
     count = math.ceil(episodes / group_size)
-    rng = random.Random(seed)
-    if count <= len(tasks):
-        return rng.sample(list(tasks), count)
-    return [rng.choice(list(tasks)) for _ in range(count)]
+    distinct = list({task.id: task for task in tasks}.values())
+    if count > len(distinct):
+        raise ValueError(f"--episodes {episodes} in groups of {group_size} plays {count} tasks, but the split has only "
+                         f"{len(distinct)}: lower --episodes, or raise --group-size to play each task more often")
+    return random.Random(seed).sample(distinct, count)
 
 
 def collect(

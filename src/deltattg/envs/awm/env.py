@@ -181,7 +181,8 @@ class AWMEnv:
     def reset(self, task: Task) -> str:
         self.close()
         scenario = self.release.scenarios.get(task.data.get("scenario", ""))
-        if scenario is None or task.data.get("task_idx") not in scenario.verifiers:
+        index = task.data.get("task_idx")
+        if scenario is None or not isinstance(index, int) or isinstance(index, bool) or index not in scenario.verifiers:
             raise ValueError(f"task {task.id} is not a playable task of {self.release.folder}")
         self._folder = Path(tempfile.mkdtemp(prefix=f"deltattg-awm-{scenario.name}-"))
         working = self._folder / "final.db"
