@@ -431,3 +431,17 @@ def test_the_closed_set_from_recorded_trajectories_keeps_only_answerable_questio
         assert result.won
         evidence += any(mentions(p.contents, task.data["answers"]) for p in env.snapshot().seen)
     assert evidence / len(tasks) >= 0.8
+
+
+def test_evaluate_does_not_resume_a_run_of_another_retrieval_setting(files, tmp_path, capsys):
+    """A rerun with ``--topk 5`` into a ``--topk 1`` folder (or another corpus) used to write no episode and report
+    the old run's figures: the environment's whole description is part of the run's settings."""
+    questions, corpus = files
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--env", "search", "--data", str(questions), "--corpus", corpus, "--actor", "expert",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main([*argv, "--topk", "1"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--topk", "5"]) == 2
+    assert "environment.options.topk 1 (now 5)" in capsys.readouterr().err
+    assert main([*argv, "--topk", "1"]) == 0  # the same settings resume (nothing left to play)

@@ -150,9 +150,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     model = spec.is_model
+    from deltattg.envs.base import Describable
+
     settings = EvalSettings(env=args.env, short=args.short, split=",".join(splits), actor=spec.name, seed=args.seed,
                             max_turns=args.max_turns, temperature=args.temperature if model else None,
-                            max_new_tokens=args.max_new_tokens if model else None)  # fmt: skip
+                            max_new_tokens=args.max_new_tokens if model else None,
+                            environment=json_safe(probe.describe()) if isinstance(probe, Describable) else None)  # fmt: skip
     sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               prefix_cache=args.prefix_cache)
     prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
@@ -175,6 +178,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"wrote {results['played']} episodes to {Path(args.out) / 'episodes.jsonl'} ({results['episodes']} in all), "
           f"results.json and results.md", file=sys.stderr)
     return 0
+
+
+def json_safe(value):
+    """``value`` as it reads back from JSON (tuples become lists), so a stored copy compares equal to a fresh one."""
+    import json
+
+    return json.loads(json.dumps(value))
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

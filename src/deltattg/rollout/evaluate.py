@@ -91,6 +91,7 @@ class EvalSettings:
     max_turns: int | None  # None: the environment's own limit
     temperature: float | None = None  # LM actors only
     max_new_tokens: int | None = None  # LM actors only
+    environment: dict[str, Any] | None = None  # the environment's ``describe()``: its data, corpus, retriever, topk, ...
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,8 +101,18 @@ class EvalSettings:
         if not isinstance(stored, dict):
             return [f"{SETTINGS_KEY}: {stored!r}"]
         stored = {**stored, "actor": resolved_actor(stored.get("actor"))}
-        return [f"{name} {stored.get(name)!r} (now {value!r})" for name, value in self.to_json().items()
-                if stored.get(name) != value]  # fmt: skip
+        return [line for name, value in self.to_json().items() for line in _differences(name, stored.get(name), value)]
+
+
+def _differences(name: str, stored: Any, now: Any) -> list[str]:
+    """``name stored (now value)`` where they differ, key by key inside objects (``environment.options.topk 1 (now
+    5)``)."""
+    if stored == now:
+        return []
+    if isinstance(stored, dict) and isinstance(now, dict):
+        return [line for key in sorted(set(stored) | set(now), key=str)
+                for line in _differences(f"{name}.{key}", stored.get(key), now.get(key))]  # fmt: skip
+    return [f"{name} {stored!r} (now {now!r})"]
 
 
 def resolved_actor(name: Any) -> Any:
