@@ -53,7 +53,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,18 +109,20 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed
     (``meter-generative``), kept if already there and made by the current code revision (or by any with
     ``allow_mixed``), and the trainer settings every arm shares (``train.yaml``)."""
     world = build_world(config)
-    made_by = (read_stamp(folder) or {}).get("code") if (folder / "actor").exists() else code_revision()
-    if made_by != code_revision() and not allow_mixed:
-        print(f"[bench] {folder}: its actor and meters were made by code revision {made_by}; making them again",
-              file=sys.stderr, flush=True)  # fmt: skip
-        for stale in ("actor", GENERATIVE_METER, *(meter_folder(k) for k in range(64)),
+    wanted = preparation_stamp(config)
+    made = (read_stamp(folder) or {}) if (folder / "actor").exists() else wanted
+    differ = [key for key in wanted if made.get(key) != wanted[key]]
+    if differ and not allow_mixed:
+        print(f"[bench] {folder}: its actor and meters were made with another {' and '.join(differ)}; making them "
+              "again", file=sys.stderr, flush=True)  # fmt: skip
+        for stale in ("actor", GENERATIVE_METER, "meter-no-turns", *(meter_folder(k) for k in range(64)),
                       *(labelled_meter(source) for source in LABEL_SOURCES)):
             shutil.rmtree(folder / stale, ignore_errors=True)
         for source in LABEL_SOURCES:
             (folder / f"labels-{source}.jsonl").unlink(missing_ok=True)
-        made_by = code_revision()
+        made = wanted
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / STAMP).write_text(json.dumps({"code": made_by}, indent=2) + "\n")
+    (folder / STAMP).write_text(json.dumps(made, indent=2) + "\n")
     if not (folder / "actor" / "config.json").is_file():
         base_actor(config, world, folder / "actor")
     missing = [k for k in range(meters.learned) if not (folder / meter_folder(k) / "meter_config.json").is_file()]
@@ -191,11 +193,32 @@ def read_stamp(run: Path) -> dict | None:
         return None
 
 
-def current_stamp(folder: Path, arm: Arm) -> dict:
-    """What a run of ``arm`` in seed ``folder`` would be made of now: the code revision, the revision that made the
-    seed's actor and meter (``prepare_seed``), and the shared settings."""
-    return {"code": code_revision(), "prepared_by": (read_stamp(folder) or {}).get("code"),
-            "shared_config_sha256": shared_settings_hash(folder), "arm": arm.name}  # fmt: skip
+def preparation_stamp(config: RegimeConfig) -> dict:
+    """What made a seed's actor, pool, labels and meters: the code revision and the hash of the settings that shape
+    them (``RegimeConfig.preparation``)."""
+    return {"code": code_revision(), "preparation_sha256": settings_hash(config.preparation())}
+
+
+def settings_hash(settings: dict) -> str:
+    return config_hash(json.dumps(settings, sort_keys=True, default=str))
+
+
+def machine() -> dict:
+    """What decides how a run's numbers round: the torch version and the ATen CPU capability its kernels use."""
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def current_stamp(folder: Path, arm: Arm, config: RegimeConfig) -> dict:
+    """What a run of ``arm`` in seed ``folder`` would be made of now: the code revision, what made the seed's actor
+    and meters (``prepare_seed``), the shared settings, the whole regime configuration without its seed (the same
+    across the seeds of one comparison) and the machine's numerics."""
+    prepared = read_stamp(folder) or {}
+    regime = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("seed", "jobs", "threads")}
+    return {"code": code_revision(), "prepared_by": prepared.get("code"),
+            "prepared_with": prepared.get("preparation_sha256"), "shared_config_sha256": shared_settings_hash(folder),
+            "regime_sha256": settings_hash(regime), **machine(), "arm": arm.name}  # fmt: skip
 
 
 def prepare(args: argparse.Namespace, seed: int, meters: Meters) -> str:
@@ -211,7 +234,7 @@ def run_arm(args: argparse.Namespace, seed: int, arm: Arm) -> str:
     config = seed_config(args, seed)
     folder = args.out / f"seed-{seed}"
     run = folder / arm.folder
-    stamp = current_stamp(folder, arm)
+    stamp = current_stamp(folder, arm, config)
     if finished(run, config.steps) and (args.allow_mixed or read_stamp(run) == stamp):
         return f"[bench] seed {seed} {arm.name}: already there"
     start = time.perf_counter()
@@ -250,6 +273,17 @@ def load_curves(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[list[int
             raise ValueError(f"arm {name}: the seeds' runs were evaluated at different steps")
         curves[name] = np.array([p[1] for p in pairs])
     return steps or [], curves, records
+
+
+def settings_of_runs(args: argparse.Namespace, section: str, key: str) -> object:
+    """A trainer setting as the seeds' ``train.yaml`` files (what their runs ran) hold it: the one value they share,
+    or every value joined with "mixed" where they differ (the report says what ran, not what the command line asks)."""
+    values = []
+    for seed in args.seeds:
+        settings = yaml.safe_load((args.out / f"seed-{seed}" / "train.yaml").read_text()) or {}
+        values.append((settings.get(section) or {}).get(key))
+    distinct = list(dict.fromkeys(map(str, values)))
+    return values[0] if len(distinct) == 1 else "mixed: " + " / ".join(distinct)
 
 
 def test_finals(records: dict[str, list[list[dict]]]) -> dict[str, np.ndarray]:
@@ -315,10 +349,16 @@ def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> Non
     plt.close(fig)
 
 
+PAIRED_ALIKE = {"regime_sha256": "regime settings", "torch": "torch versions", "cpu_capability": "CPU capabilities",
+                "prepared_with": "preparation settings"}  # fmt: skip
+
+
 def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
     """Which code revision each arm's runs ran, one line per revision; a ``ValueError`` naming the runs when runs of
-    different revisions or shared settings would be paired (unless ``--allow-mixed``)."""
+    different revisions, shared settings, regime settings (the seed aside), torch versions or CPU capabilities would
+    be paired, or a run's revision is unknown (not a git checkout) — unless ``--allow-mixed``."""
     by_code: dict[str, list[str]] = {}
+    alike: dict[str, dict[str, list[str]]] = {key: {} for key in PAIRED_ALIKE}
     problems = []
     for seed in args.seeds:
         folder = args.out / f"seed-{seed}"
@@ -327,12 +367,20 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
             code, prepared = str(stamp.get("code")), str(stamp.get("prepared_by"))
             key = code if prepared == code else f"{code} (actor and meter by {prepared})"
             by_code.setdefault(key, []).append(f"seed {seed} {arm.name}")
+            for name in PAIRED_ALIKE:
+                alike[name].setdefault(str(stamp.get(name)), []).append(f"seed {seed} {arm.name}")
             if stamp.get("shared_config_sha256") != shared_settings_hash(folder):
                 problems.append(f"{folder / arm.folder}: ran other shared settings than {folder / 'train.yaml'}"
                                 if stamp else f"{folder / arm.folder}: no {STAMP} (a run from before runs were stamped)")
+            elif stamp.get("code") is None:
+                problems.append(f"{folder / arm.folder}: its code revision is unknown (not run from a git checkout)")
     if len(by_code) > 1:
         problems.append("runs of different code revisions: " + "; ".join(
             f"{code} ({len(runs)} runs, e.g. {runs[0]})" for code, runs in by_code.items()))
+    for name, groups in alike.items():
+        if len(groups) > 1:
+            problems.append(f"runs of different {PAIRED_ALIKE[name]}: " + "; ".join(
+                f"{value} ({len(runs)} runs, e.g. {runs[0]})" for value, runs in groups.items()))
     if problems and not args.allow_mixed:
         raise ValueError("refusing to pair these runs (--allow-mixed pairs them anyway and says so):\n  "
                          + "\n  ".join(problems))
@@ -364,13 +412,13 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
              "-" if s.arm == "grpo" else difference(s.final_minus_grpo),
              "-" if s.arm == "grpo" else difference(s.auc_minus_grpo), s.reach.text(1, 2),
              f"{s.collapses} / {s.seeds}", f"{times[s.arm]:.2f}"] for s in summaries]  # fmt: skip
-    tasks = seed_config(args, args.seeds[0]).eval_tasks
+    tasks = settings_of_runs(args, "eval", "num_tasks")
     test_rows = [[s.arm, s.test.text(100), "-" if s.arm == "grpo" else difference(s.test_minus_grpo),
                   "-" if s.arm == "grpo" else f"{100 * s.test_sd:.1f}",
                   "-" if s.arm == "grpo" else f"{s.test_power:.2f}"] for s in summaries if s.test is not None]
-    test_tasks = seed_config(args, args.seeds[0]).test_tasks
+    test_split, test_tasks = settings_of_runs(args, "eval", "test_split"), settings_of_runs(args, "eval", "test_tasks")
     test_section = [
-        f"## Final success on the test split ({seed_config(args, args.seeds[0]).test_split}, {test_tasks} tasks)",
+        f"## Final success on the test split ({test_split}, {test_tasks} tasks)",
         "Greedy success after the last step on tasks of a split no setting was chosen on (deduplicated against the "
         "training and validation tasks); the paired differences' standard deviation, and the power a two-sided "
         f"paired t test over {len(args.seeds)} seeds has to find a true +3-point difference at that spread.",
@@ -537,57 +585,99 @@ def demo_setting(text: str) -> tuple[str, object]:
     return name, float(parsed) if isinstance(default, float) else parsed  # YAML reads 1e-4 as a string
 
 
+def finite(value: object) -> object:
+    """``value`` with every non-finite number written as JSON can read it (NaN: null; ±∞: the strings "inf" and
+    "-inf") and every other object as itself or its string."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def count(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
                         help="arm specs (module doc); grpo, the reference, is added when missing")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=int, help="training steps per run (default: the regime's, 80)")
-    parser.add_argument("--eval-every", type=int, help="steps between evaluations (default: the regime's, 10)")
-    parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default: the regime's, 200)")
-    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
+    parser.add_argument("--seeds", type=count(0), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--steps", type=count(1), help="training steps per run (default: the regime's, 80)")
+    parser.add_argument("--eval-every", type=count(1), help="steps between evaluations (default: the regime's, 10)")
+    parser.add_argument("--eval-tasks", type=count(1), help="held-out tasks per evaluation (default: the regime's, 200)")
+    parser.add_argument("--jobs", type=count(1), default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="change one RegimeConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
     parser.add_argument("--allow-mixed", action="store_true",
-                        help="reuse finished runs and actors of any code revision, and pair runs of different "
-                        "revisions or shared settings (the table says so); default: refuse")
-    parser.add_argument("--speed", type=int, metavar="N", help="time N steps of the old and the new step instead")
-    parser.add_argument("--overhead", type=int, metavar="N",
+                        help="reuse finished runs and actors made otherwise, and pair runs of different revisions, "
+                        "settings, torch versions or CPU capabilities (the table says so); default: refuse")
+    parser.add_argument("--speed", type=count(1), metavar="N", help="time N steps of the old and the new step instead")
+    parser.add_argument("--overhead", type=count(1), metavar="N",
                         help="time 2N steps of every arm, interleaved, and print each ÷ the first arm's instead")
     parser.add_argument("--meter-fit", action="store_true",
-                        help="instead: each seed's learned meter beside one trained without the turns left, the "
-                        "generative meter when --arms has a @generative arm, and the oracle, on the held-out pool "
-                        "states (completion accuracy overall and per step, Spearman, ECE)")
+                        help="instead: each seed's learned meters (the outcome labels with and without the turns "
+                        "left, each label source an arm reads, the generative meter when an arm reads it) and the "
+                        "labels themselves against the outcome and the planner, on the held-out pool states")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
     args = parser.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds {' '.join(map(str, args.seeds))}: name each seed once")
     try:
         arms = [Arm.parse(spec) for spec in args.arms]
-    except ValueError as exc:
+        seed_config(args, args.seeds[0])  # the --set values make a regime
+    except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     if "grpo" in args.arms:  # the reference every comparison and ratio is taken against: first
         arms.sort(key=lambda arm: arm.name != "grpo")
     else:
         print("[bench] adding the grpo arm: every comparison is against it", file=sys.stderr)
         arms.insert(0, Arm.parse("grpo"))
+    from deltattg.errors import InputError
+    from deltattg.rollout.output import held_folder
+
+    try:
+        with held_folder(args.out):  # one benchmark at a time per --out, taken before anything is written
+            command = "bench/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            print(work(args, arms, command.strip()))
+    except (ValueError, InputError) as exc:  # a refusal (mixed runs, a held folder), not a crash
+        print(f"bench_train.py: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
+    """What the command line asks for; returns what to print."""
     if args.speed:
-        print(speed(args))
-        return
+        return speed(args)
     if args.overhead:
-        print(overhead(args, arms))
-        return
+        return overhead(args, arms)
     if args.meter_fit:
-        print(meter_fit_report(args, arms))
-        return
+        return meter_fit_report(args, arms)
     if not args.report_only:
         run_all(args, arms)
-    command = "bench/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text, figures = report(args, arms, command.strip())
+    text, figures = report(args, arms, command)
     plot(figures["steps"], {k: np.array(v) for k, v in figures["curves"].items()}, args.out / "bench_train.png")
     (args.out / "bench_train.md").write_text(text)
-    (args.out / "bench_train.json").write_text(json.dumps(figures, indent=2, default=lambda v: None) + "\n")
-    print(text)
+    (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
+    return text
 
 
 if __name__ == "__main__":

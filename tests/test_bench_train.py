@@ -67,21 +67,25 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     assert 0 < float(cells[4]) < 1
     assert (tmp_path / "bench_train.png").stat().st_size > 0
     assert "adding the grpo arm" in capsys.readouterr().err
+    text = (tmp_path / "bench_train.json").read_text()  # strict JSON: no NaN or Infinity tokens (two seeds: some
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in bench_train.json"))  # bounds are ∞)
 
 
-def test_report_refuses_runs_of_different_revisions_unless_told(tmp_path, bench_train):
+def test_report_refuses_runs_of_different_revisions_unless_told(tmp_path, bench_train, capsys):
     write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0], code="old")
     write_run(tmp_path / "seed-0" / "deltattg-oracle", [0.2, 0.5, 0.6], [1.0], code="new")
     args = ["--arms", "grpo", "deltattg@oracle", "--seeds", "0", "--out", str(tmp_path), "--report-only"]
-    with pytest.raises(ValueError, match="different code revisions"):
+    with pytest.raises(SystemExit) as exit_info:
         bench_train.main(args)
+    assert exit_info.value.code == 2 and "different code revisions" in capsys.readouterr().err
     bench_train.main([*args, "--allow-mixed"])
     table = (tmp_path / "bench_train.md").read_text()
     assert "**mixed** (--allow-mixed)" in table and "old: 1 runs" in table and "new: 1 runs" in table
     # A run of other shared settings (its seed's train.yaml changed after it ran) is refused too.
     (tmp_path / "seed-0" / "train.yaml").write_text("run: {seed: 1}\n")
-    with pytest.raises(ValueError, match="other shared settings"):
+    with pytest.raises(SystemExit):
         bench_train.main(args)
+    assert "other shared settings" in capsys.readouterr().err
 
 
 def test_a_generative_arm_trains_its_meter_on_the_pool_and_reads_it_in_rl(tmp_path):
@@ -131,3 +135,52 @@ def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_s
         records = [json.loads(line) for line in (seed / arm / "metrics.jsonl").open()]
         assert "test/greedy_success" in records[-1] and sum("test/greedy_success" in r for r in records) == 1
     assert "## Final success on the test split (test, 3 tasks)" in (out / "bench_train.md").read_text()
+
+
+def test_runs_of_other_regime_settings_or_numerics_are_not_paired(tmp_path, bench_train, capsys):
+    """Two seeds that ran different regime settings (the seed aside), torch versions or CPU capabilities are refused
+    (their figures would be pooled as one comparison) unless --allow-mixed, which says so in the table."""
+    for seed in (0, 1):
+        for arm in ("grpo", "gigpo"):
+            write_run(tmp_path / f"seed-{seed}" / arm, [0.2, 0.3, 0.4], [1.0])
+    args = ["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only"]
+    bench_train.main(args)  # alike: reported
+    capsys.readouterr()
+    for key, value, what in (("regime_sha256", "lr-3e-4", "regime settings"), ("cpu_capability", "AVX512",
+                                                                              "CPU capabilities")):  # fmt: skip
+        stamp_file = tmp_path / "seed-1" / "gigpo" / "bench.json"
+        stamp = json.loads(stamp_file.read_text())
+        stamp_file.write_text(json.dumps({**stamp, key: value}))
+        with pytest.raises(SystemExit) as exit_info:
+            bench_train.main(args)
+        assert exit_info.value.code == 2 and f"runs of different {what}" in capsys.readouterr().err
+        bench_train.main([*args, "--allow-mixed"])
+        assert f"**mixed** (--allow-mixed): runs of different {what}" in (tmp_path / "bench_train.md").read_text()
+        stamp_file.write_text(json.dumps(stamp))
+
+
+def test_a_second_benchmark_on_the_same_out_is_refused_before_it_writes(tmp_path, bench_train, capsys):
+    from deltattg.rollout.output import held_folder
+
+    out = tmp_path / "bench"
+    with held_folder(out):
+        with pytest.raises(SystemExit) as exit_info:
+            bench_train.main(["--quick", "--arms", "grpo", "--seeds", "0", "--out", str(out)])
+    assert exit_info.value.code == 2 and "another run" in capsys.readouterr().err
+    assert not (out / "seed-0").exists()
+
+
+def test_a_seed_prepared_with_other_settings_is_made_again(tmp_path, bench_train, capsys):
+    """A rerun into the same --out with a setting that shapes the actor or meters changed (--set meter_epochs=...)
+    does not keep the old actor and meter: they are made again, and the new stamp says with what."""
+    folder = tmp_path / "seed-0"
+    config = bench_train.regime_config(quick=True, seed=0, threads=1, budget=False)
+    bench_train.prepare_seed(config, folder, bench_train.Meters())
+    first = json.loads((folder / "bench.json").read_text())
+    (folder / "actor" / "marker").write_text("made before")
+    bench_train.prepare_seed(config, folder, bench_train.Meters())  # the same settings: kept
+    assert (folder / "actor" / "marker").exists()
+    changed = config.replace(meter_epochs=config.meter_epochs + 1)
+    bench_train.prepare_seed(changed, folder, bench_train.Meters())
+    assert not (folder / "actor" / "marker").exists() and "preparation_sha256" in capsys.readouterr().err
+    assert json.loads((folder / "bench.json").read_text())["preparation_sha256"] != first["preparation_sha256"]

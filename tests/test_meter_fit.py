@@ -85,3 +85,30 @@ def test_reliability_bins_by_hand():
     assert [b["mean_probability"] for b in points] == pytest.approx([0.05, 0.42, 0.975])
     assert [b["outcome_rate"] for b in points] == [0.0, 1.0, 0.5]
     assert reliability_bins([], []) == []
+
+
+def test_the_cross_fitted_ece_reads_states_the_temperature_never_saw():
+    """Trajectories whose logits carry no information (outcomes coin flips): the temperature fitted on them flattens
+    p̃ toward their own base rate, so ECE on the fitting states looks better than it is; the cross-fitted ECE reads
+    each half with the other half's temperature (and is NaN with a single trajectory)."""
+    import numpy as np
+
+    from deltattg.meter.fit import cross_fitted_ece, expected_calibration_error
+
+    rng = np.random.default_rng(3)
+    trajectories = [[(float(z), bool(rng.random() < 0.5)) for z in rng.normal(0, 1, 5)] for _ in range(40)]
+    unseen = cross_fitted_ece(trajectories)
+    halves = [[p for rows in trajectories[k::2] for p in rows] for k in (0, 1)]
+    assert 0 <= unseen <= 1 and unseen == pytest.approx(np.average(
+        [expected_calibration_error(*_calibrated(halves[1 - k], halves[k])) for k in (0, 1)],
+        weights=[len(halves[1]), len(halves[0])]))  # fmt: skip
+    assert np.isnan(cross_fitted_ece(trajectories[:1]))
+
+
+def _calibrated(read_on, fit_on):
+    """(p̃ of ``read_on`` under the temperature fitted on ``fit_on``, its outcomes)."""
+    from deltattg.data.trajectory import calibrated_probability
+    from deltattg.meter.fit import fit_temperature
+
+    t = fit_temperature([z for z, _ in fit_on], [y for _, y in fit_on])
+    return [calibrated_probability(z, t) for z, _ in read_on], [y for _, y in read_on]

@@ -121,7 +121,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     if "calibration" in report:
         fit = report["calibration"]
         print(f"completion temperature {fit['temperature']:.3f} on {fit['states']} held-out states (ECE "
-              f"{fit['ece_before']:.3f} -> {fit['ece_after']:.3f}; reliability diagram: "
+              f"{fit['ece_before']:.3f} -> {fit['ece_after']:.3f} there, {fit['ece_unseen']:.3f} on states it was not "
+              f"fitted on; reliability diagram: "
               f"{os.path.join(args.out, RELIABILITY_FIGURE)})", file=sys.stderr)
     print(f"saved the meter to {args.out}", file=sys.stderr)
     return 0

@@ -189,7 +189,9 @@ def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequenc
 @dataclass(frozen=True)
 class Calibration:
     """A completion-probability temperature fitted on held-out states, and what it changed: the outcomes' mean
-    negative log-likelihood, the ECE and the reliability diagram's points under σ(logit) and σ(logit / T)."""
+    negative log-likelihood, the ECE and the reliability diagram's points under σ(logit) and σ(logit / T).
+    ``ece_after`` is measured on the states T was fitted on (optimistic); ``ece_unseen`` on states it was not
+    (:func:`cross_fitted_ece`: the held-out trajectories halved, T fitted on each half, read on the other)."""
 
     temperature: float
     states: int
@@ -199,6 +201,7 @@ class Calibration:
     ece_after: float
     bins_before: list[dict] = field(default_factory=list)
     bins_after: list[dict] = field(default_factory=list)
+    ece_unseen: float = float("nan")
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -213,9 +216,9 @@ def calibrate(meter: Any, trajectories: Sequence[Trajectory], targets: dict[str,
     import math
 
     readings, _ = read_states(meter, trajectories)
-    pairs = [(r.logit, t.success if targets is None else targets[t.id][k])
-             for t, row in zip(trajectories, readings) for k, r in enumerate(row)
-             if r is not None and r.logit is not None]  # fmt: skip
+    by_trajectory = [[(r.logit, t.success if targets is None else targets[t.id][k]) for k, r in enumerate(row)
+                      if r is not None and r.logit is not None] for t, row in zip(trajectories, readings)]  # fmt: skip
+    pairs = [pair for rows in by_trajectory for pair in rows]
     logits, outcomes = [z for z, _ in pairs], [y for _, y in pairs]
     temperature = fit_temperature(logits, outcomes)
 
@@ -231,4 +234,20 @@ def calibrate(meter: Any, trajectories: Sequence[Trajectory], targets: dict[str,
                        expected_calibration_error(probabilities(1.0), outcomes),
                        expected_calibration_error(probabilities(temperature), outcomes),
                        reliability_bins(probabilities(1.0), outcomes),
-                       reliability_bins(probabilities(temperature), outcomes))  # fmt: skip
+                       reliability_bins(probabilities(temperature), outcomes),
+                       cross_fitted_ece(by_trajectory))  # fmt: skip
+
+
+def cross_fitted_ece(by_trajectory: Sequence[Sequence[tuple[float, float]]]) -> float:
+    """ECE of the calibrated probability on states the temperature was not fitted on: the trajectories split in two
+    halves (alternately), T fitted on each half and read on the other, the two ECEs weighted by their states."""
+    halves = [[pair for rows in by_trajectory[k::2] for pair in rows] for k in (0, 1)]
+    if not all(halves):
+        return float("nan")
+    total, weighted = 0, 0.0
+    for fit_on, read_on in ((halves[0], halves[1]), (halves[1], halves[0])):
+        t = fit_temperature([z for z, _ in fit_on], [y for _, y in fit_on])
+        weighted += len(read_on) * expected_calibration_error([calibrated_probability(z, t) for z, _ in read_on],
+                                                              [y for _, y in read_on])  # fmt: skip
+        total += len(read_on)
+    return weighted / total

@@ -30,6 +30,7 @@ CURVE_METRIC = "eval/greedy_success"
 LEVEL = 0.95
 COLLAPSE_AT = 0.05  # held-out success at or below this, at any evaluation after the start, is a collapse
 EXACT_PERMUTATION_SEEDS = 20  # up to 2^20 sign flips are enumerated; more seeds use 100,000 random flips
+ROUND_TO = 9  # decimals a success difference is rounded to before the permutation test (success rates are k / n)
 
 
 def success_curve(records: Sequence[dict], metric: str = CURVE_METRIC) -> tuple[list[int], list[float]]:
@@ -75,7 +76,7 @@ def paired_permutation_p(differences: Sequence[float], *, seed: int = 0) -> floa
     n ≤ :data:`EXACT_PERMUTATION_SEEDS`). With n seeds the smallest possible p is 2 / 2^n (0.0625 at 5 seeds)."""
     from scipy import stats
 
-    d = np.asarray(differences, dtype=float)
+    d = np.round(np.asarray(differences, dtype=float), ROUND_TO)  # 0.1 + 0.2 − 0.3 is 0: ties compare as ties
     if len(d) < 2 or not np.any(d):  # one difference: its two flips are equally far from 0
         return 1.0
     exact = len(d) <= EXACT_PERMUTATION_SEEDS
@@ -120,8 +121,10 @@ class Estimate:
         return self.low > 0 or self.high < 0
 
     def verdict(self) -> str:
-        """How the README words it: a difference whose interval includes 0 is "no difference"."""
-        if not self.excludes_zero:
+        """How the README words it: a difference whose interval includes 0 is "no difference"; so is one whose
+        interval has no width (every seed's difference the same) while the permutation test finds nothing."""
+        degenerate = self.low == self.high and self.p is not None and self.p >= 1 - LEVEL  # no spread, no evidence
+        if not self.excludes_zero or degenerate:
             return "no difference"
         return "above" if self.low > 0 else "below"
 
@@ -137,7 +140,7 @@ def mean_estimate(values: Sequence[float]) -> Estimate:
 def paired_difference(arm: Sequence[float], reference: Sequence[float]) -> Estimate:
     """Mean of the per-seed differences arm − reference (seed k paired with seed k), its t interval and the exact
     paired permutation p-value."""
-    d = np.asarray(arm, dtype=float) - np.asarray(reference, dtype=float)
+    d = np.round(np.asarray(arm, dtype=float) - np.asarray(reference, dtype=float), ROUND_TO)  # no float noise
     if len(d) == 0:
         return Estimate(math.nan, math.nan, math.nan)
     return Estimate(float(d.mean()), *t_interval(d), p=paired_permutation_p(d))

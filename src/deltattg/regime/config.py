@@ -125,9 +125,22 @@ class RegimeConfig:
     def is_tiny(self) -> bool:
         return self.model == TINY
 
+    def preparation(self) -> dict[str, Any]:
+        """The settings that shape a seed's base actor, pool, labels and meters (:data:`PREPARATION_FIELDS`): what a
+        benchmark must remake them for when they change."""
+        return {name: getattr(self, name) for name in PREPARATION_FIELDS}
+
     def replace(self, **changes: Any) -> RegimeConfig:
         return dataclasses.replace(self, **changes)
 
+
+PREPARATION_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(RegimeConfig)
+    if f.name in ("env", "env_options", "data_dir", "train_split", "max_turns", "max_new_tokens", "history_window",
+                  "max_prompt_tokens", "model", "pool", "pool_episodes", "pool_group_size", "heldout_fraction",
+                  "td_lambda", "seed")
+    or f.name.startswith(("tiny_", "clone_", "label_", "meter_", "generative_"))
+)  # fmt: skip
 
 QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothing is meant to learn
     "env_options": HOUSEHOLD_OPTIONS | {"n_train": 24, "n_valid_seen": 6, "n_valid_unseen": 6},

@@ -219,8 +219,9 @@ def config_hash(config_text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def code_revision() -> str | None:
     """The git commit of the deltattg source this process runs, ``COMMIT+dirty.DIFF`` (DIFF: 12 hex digits of the
-    SHA-256 of ``git diff HEAD``) when tracked files differ from it, or ``None`` when the package is not imported from
-    a git checkout (an installed wheel: :data:`deltattg.__version__` names it then)."""
+    SHA-256 of ``git diff HEAD`` and of the files git does not track and does not ignore, names and contents) when the
+    working tree differs from it, or ``None`` when the package is not imported from a git checkout (an installed
+    wheel: :data:`deltattg.__version__` names it then)."""
     root = Path(__file__).resolve().parents[3]  # <root>/src/deltattg/train/checkpoint.py
 
     def git(*args: str) -> bytes | None:
@@ -234,10 +235,18 @@ def code_revision() -> str | None:
     if top is None or Path(top.decode().strip()).resolve() != root:
         return None  # not this package's own checkout (an installed copy inside some other repository)
     head, diff = git("rev-parse", "HEAD"), git("diff", "HEAD", "--no-ext-diff", "--binary")
-    if head is None or diff is None:
+    untracked = git("ls-files", "--others", "--exclude-standard", "-z")
+    if head is None or diff is None or untracked is None:
         return None
+    digest = hashlib.sha256(diff)
+    for name in sorted(n for n in untracked.split(b"\0") if n):
+        digest.update(b"\0" + name + b"\0")
+        try:
+            digest.update((root / name.decode("utf-8", "surrogateescape")).read_bytes())
+        except OSError:
+            pass  # gone or unreadable: its name alone marks the tree as changed
     commit = head.decode().strip()
-    return f"{commit}+dirty.{hashlib.sha256(diff).hexdigest()[:12]}" if diff else commit
+    return f"{commit}+dirty.{digest.hexdigest()[:12]}" if diff or untracked.strip(b"\0") else commit
 
 
 def holds_run(out: Path) -> bool:
