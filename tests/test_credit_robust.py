@@ -79,6 +79,16 @@ def test_auc_and_trust_by_hand():
     assert trusted_weights(w, 0.75, torch.tensor([[True, True, False]])).tolist() == [[2.5, 0.625, 0.0]]
 
 
+def test_partial_rewards_give_pairs_for_the_trust():
+    """τ² scores fractional rewards: a group of failures with rewards 0.5, 0.2, 0.0 holds three pairs (success flags
+    would give none, so τ = 0 whatever the meter). Scores 0.9 / 0.4 / 0.6 order two of the three pairs right:
+    AUC = 2/3, τ = 1/3."""
+    reward, group = torch.tensor([0.5, 0.2, 0.0]), torch.tensor([0, 0, 0])
+    assert within_group_auc(torch.tensor([0.9, 0.4, 0.6]), reward, group) == pytest.approx(2 / 3)
+    p, states = torch.tensor([[0.9], [0.4], [0.6]]), torch.ones(3, 1, dtype=torch.bool)
+    assert batch_trust(p, states, reward, group) == (pytest.approx(2 / 3), pytest.approx(1 / 3))
+
+
 def misread_group(probability: float | None = None) -> tuple:
     """One success whose third state is misread as b̂ = 0 (v̂ still given) and one failure, 4 one-token steps each."""
     success = [MeterOutput(True, 40.0), MeterOutput(True, 30.0), MeterOutput(False, 20.0, probability=probability),
@@ -126,3 +136,6 @@ def test_the_recommended_defaults_keep_the_invariants_and_report_their_trust():
     # The success's mean p̃ (1 + 1 + 0.4 + 1)/4 = 0.85 is below its failure's 1: AUC 0 -> trust 0 -> GRPO.
     assert credit.metrics == {"trust/auc": 0.0, "trust/tau": 0.0}
     assert w.tolist() == [[1.0] * 4, [1.0] * 4]
+    # GRPO's credit is not reported as a redistribution: every trajectory says the meter was not trusted.
+    counts = credit.fallback_counts()
+    assert counts["credit/redistributed"] == 0 and counts["credit/untrusted"] == 2

@@ -199,7 +199,7 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     weights = bounded_token_normalization(shares, batch.step_tokens, config.cap)
     metrics: dict[str, float] = {}
     if variant.robust and config.trust == "auc":  # how well each trajectory's mean p̃ tells successes from failures
-        auc, trust = robust.batch_trust(robust.completion_probability(meter), queried & meter.valid, batch.success,
+        auc, trust = robust.batch_trust(robust.completion_probability(meter), queried & meter.valid, batch.reward,
                                         batch.group)
         weights = robust.trusted_weights(weights, trust, step_mask)
         metrics = {"trust/auc": auc, "trust/tau": trust}
@@ -208,6 +208,8 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     weights = torch.where(keep[:, None], torch.ones_like(weights), weights) * step_mask
     fallback = torch.full_like(advantage, Fallback.REDISTRIBUTED, dtype=torch.int8)
     fallback[zero_mass] = Fallback.ZERO_MASS
+    if metrics.get("trust/tau") == 0.0:  # not trusted on this batch: GRPO's credit, not a redistribution
+        fallback[:] = Fallback.UNTRUSTED
     fallback[all_unsuccessful] = Fallback.ALL_UNSUCCESSFUL
     fallback[invalid_group] = Fallback.INVALID_GROUP
     fallback[advantage == 0] = Fallback.ZERO_ADVANTAGE

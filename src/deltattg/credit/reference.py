@@ -75,10 +75,10 @@ def running_median(values: list[float], window: int) -> list[float]:
     return [statistics.median(values[min(max(t + j, 0), last)] for j in range(-half, half + 1)) for t in range(len(values))]
 
 
-def batch_trust(A: Sequence[float], successes: Sequence[bool], groups: Sequence[Hashable],
+def batch_trust(A: Sequence[float], rewards: Sequence[float], groups: Sequence[Hashable],
                 meter: Sequence[Sequence[MeterOutput | None]]) -> float:
     """τ = clip(2·AUC − 1, 0, 1): AUC of each A ≠ 0 trajectory's mean p̃ over its valid readings, counted over every
-    (success, failure) pair of the same group (ties half)."""
+    (better rewarded, worse rewarded) pair of the same group (ties half)."""
     scores = {}
     for i in range(len(A)):
         read = [r.probability if r.probability is not None else float(bool(r.can_complete)) for r in meter[i]
@@ -86,7 +86,7 @@ def batch_trust(A: Sequence[float], successes: Sequence[bool], groups: Sequence[
         if A[i] != 0 and read:
             scores[i] = sum(read) / len(read)
     pairs = [(scores[i], scores[j]) for i in scores for j in scores
-             if groups[i] == groups[j] and successes[i] and not successes[j]]  # fmt: skip
+             if groups[i] == groups[j] and rewards[i] > rewards[j]]  # fmt: skip
     if not pairs:
         return 0.0
     auc = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
@@ -121,7 +121,7 @@ def algorithm1(
             for t in range(T[i]):
                 if meter[i][t] is None:
                     valid_group[groups[i]] = False
-    trust = batch_trust(A, successes, groups, meter) if robust and config.trust == "auc" else 1.0
+    trust = batch_trust(A, rewards, groups, meter) if robust and config.trust == "auc" else 1.0
     keys = histories or [[None] * T[i] for i in range(len(T))]
     visited = {k for i in range(len(T)) if successes[i] for k in keys[i] if k is not None}  # states a success visited
     for i in range(len(T)):  # line 13

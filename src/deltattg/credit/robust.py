@@ -16,8 +16,9 @@ are unchanged, and no token multiplier exceeds M.
     share cap    q_t ≤ κ/T_i, the excess handed to the other steps by their room below the cap (``share_cap`` κ;
                  κ = 1 is GRPO's uniform shares)
     trust        w ← 1 + τ·(w − 1) with τ = clip(2·AUC − 1, 0, 1), the AUC with which each trajectory's mean p̃
-                 tells the batch's successes from the failures of the same task: a meter no better than chance on
-                 this batch's own outcomes gives exactly GRPO (``trust``)
+                 tells the batch's better rewarded trajectories from the worse rewarded ones of the same task: a
+                 meter no better than chance on this batch's own outcomes gives exactly GRPO, and its trajectories
+                 are reported as not redistributed (``trust``)
 """
 
 from __future__ import annotations
@@ -94,30 +95,32 @@ def capped_shares(shares: Tensor, step_mask: Tensor, kappa: float) -> Tensor:
     return capped_with_refill(shares, mask, cap) * mask
 
 
-def within_group_auc(scores: Tensor, success: Tensor, group: Tensor) -> float:
-    """The probability that a successful trajectory's score exceeds a failed one's *of the same group* (ties count
-    half), over every such pair in the batch (Mann–Whitney within each group, pooled); NaN without any pair."""
+def within_group_auc(scores: Tensor, reward: Tensor, group: Tensor) -> float:
+    """The probability that of two trajectories *of the same group* with different rewards, the better rewarded one
+    scores higher (ties count half), over every such pair in the batch (Mann–Whitney within each group, pooled; with
+    binary rewards: successes against failures); NaN without any pair."""
     wins, pairs = 0.0, 0
     for g in group.unique().tolist():
         members = group == g
-        positive = success[members].cpu().numpy()
-        n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-        if n_pos and n_neg:
-            ranks = average_ranks(scores[members].double().cpu().numpy())  # 0-based, ties share their mean rank
-            wins += float(ranks[positive].sum() - n_pos * (n_pos - 1) / 2)
-            pairs += n_pos * n_neg
+        r = reward[members].double().cpu()
+        s = scores[members].double().cpu()
+        better = r[:, None] > r[None, :]  # [i, j]: i was rewarded more than j
+        if better.any():
+            wins += float(((s[:, None] > s[None, :]).double() + 0.5 * (s[:, None] == s[None, :]).double())[better].sum())
+            pairs += int(better.sum())
     return wins / pairs if pairs else float("nan")
 
 
-def batch_trust(probability: Tensor, states: Tensor, success: Tensor, group: Tensor) -> tuple[float, float]:
-    """(AUC, τ): how well the meter tells this batch's successes from its failures of the same task — the AUC of each
-    trajectory's mean p̃ over ``states`` (``[n, S]`` mask: its validly read states; trajectories without any are left
-    out) within groups — and τ = clip(2·AUC − 1, 0, 1): 0 (GRPO) for a meter no better than chance on this batch,
-    or when no group holds both outcomes among the read trajectories."""
+def batch_trust(probability: Tensor, states: Tensor, reward: Tensor, group: Tensor) -> tuple[float, float]:
+    """(AUC, τ): how well the meter tells this batch's better rewarded trajectories from the worse rewarded ones of
+    the same task — the AUC of each trajectory's mean p̃ over ``states`` (``[n, S]`` mask: its validly read states;
+    trajectories without any are left out) within groups, over the pairs whose rewards differ (partial rewards,
+    such as τ²'s, give pairs too) — and τ = clip(2·AUC − 1, 0, 1): 0 (GRPO) for a meter no better than chance on this
+    batch, or when no group holds two different rewards among the read trajectories."""
     counted = states.sum(dim=1)
     read = counted > 0
     score = (probability.double() * states).sum(dim=1) / counted.clamp(min=1)
-    auc = within_group_auc(score[read], success[read], group[read])
+    auc = within_group_auc(score[read], reward[read], group[read])
     trust = 0.0 if auc != auc else min(max(2.0 * auc - 1.0, 0.0), 1.0)
     return auc, trust
 
