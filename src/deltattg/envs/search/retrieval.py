@@ -41,6 +41,7 @@ MAX_RESULTS = 1 << 18  # queries × topk of one request: Search-R1's GRPO script
 MAX_REQUEST_BYTES = 16 << 20
 CONNECTION_TIMEOUT_S = 30.0  # a client that sends nothing for this long is dropped (a stalled or half-sent request)
 MAX_HANDLERS = 32  # requests answered at once; more wait in the listen backlog
+SLOT_WAIT_TIMEOUTS = 4  # how many connection timeouts a new connection waits for a free handler slot
 LISTEN_BACKLOG = 512  # Search-R1 trains with hundreds of concurrent rollouts
 RETRIEVE_PATH = "/retrieve"
 
@@ -189,7 +190,9 @@ class RetrievalServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(max_handlers)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(timeout=CONNECTION_TIMEOUT_S):  # every slot held for a whole timeout: drop it
+        # a held slot frees within one connection timeout of its client's last byte; every slot held for several
+        # timeouts (clients trickling bytes) drops the waiting connection rather than queueing it for good
+        if not self._slots.acquire(timeout=SLOT_WAIT_TIMEOUTS * CONNECTION_TIMEOUT_S):
             self.shutdown_request(request)
             return
         try:
