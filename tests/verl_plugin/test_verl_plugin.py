@@ -52,7 +52,7 @@ from deltattg.rollout.prompts import PromptConfig, episode_prompt
 from deltattg.tiny import tiny_llama
 from deltattg.train.actor import tiny_tokenizer
 from deltattg.verl.agent_loop import EnvAgentLoop
-from deltattg.verl.credit import STEP_FIELD, TOKENS_FIELD, TRAJECTORY_FIELD, VerlSettings
+from deltattg.verl.credit import STEP_FIELD, TOKENS_FIELD, TRAJECTORY_FIELD, MeterFailing, MeterWatch, VerlSettings
 from deltattg.verl.tasks import TASK_FIELD, task_rows
 from deltattg.verl import plugin
 from deltattg.verl.estimators import EstimatorNameTaken, method_of, register_estimators
@@ -139,7 +139,7 @@ class ReplayServer:
 def test_the_entry_point_registers_estimators_trainer_and_agent_loop():
     points = importlib.metadata.entry_points(group="verl.plugins")
     assert any(p.value == "deltattg.verl.plugin" for p in points)
-    methods = {"deltattg": "deltattg", "deltattg_pos": "pos", "deltattg_value": "value", "grpo_step": "grpo",
+    methods = {"deltattg": "deltattg", "deltattg_robust": "deltattg_robust", "deltattg_pos": "pos", "deltattg_value": "value", "grpo_step": "grpo",
                "gigpo": "gigpo", "hgpo": "hgpo"}  # fmt: skip
     for name, method in methods.items():
         assert get_adv_estimator_fn(name).__name__ == f"deltattg_credit_{method}"
@@ -249,6 +249,7 @@ def trainer_for(method: str, tokenizer, meter, dp_size: int = 2) -> DeltaTTGTrai
     trainer.deltattg_method = "grpo" if method == "grpo_step" else method
     trainer.deltattg = VerlSettings.from_section({"failure_cost": FAILURE_COST})
     trainer.deltattg_meter = meter
+    trainer.deltattg_watch = MeterWatch(trainer.deltattg.max_failed_meter_steps)
     trainer.use_critic, trainer.global_steps, trainer.tokenizer = False, 1, tokenizer
     trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": list(range(dp_size))})
     return trainer
@@ -294,6 +295,35 @@ def test_balanced_rows_get_the_core_credit(method, tokenizer, memory_tq):
     assert metrics["deltattg/episodes"] == len(episodes)
     if method == "deltattg":
         assert metrics["deltattg/credit/redistributed"] > 0 and metrics["deltattg/meter_errors"] == 0
+
+
+def test_robust_credit_on_verl_rows_equals_deltattg_credit_on_the_same_records(tokenizer, memory_tq, tmp_path):
+    """``algorithm.adv_estimator=deltattg_robust`` — the recommended method — on verl's balanced rows gives each step
+    what ``deltattg credit --method deltattg_robust`` writes for the same trajectory records and meter readings."""
+    tasks = HouseholdEnv(ENV).tasks("train")[:4]
+    episodes = collect_rows(tokenizer, tasks)
+    meter = OracleMeter(tokenizer)
+    trainer = trainer_for("deltattg_robust", tokenizer, meter)
+    metrics: dict = {}
+    trainer._compute_advantage(trainer._balance_batch(memory_tq.meta(), metrics={}), metrics)
+    assert metrics["deltattg/credit/redistributed"] > 0  # the trust is not 0: robust credit is not GRPO here
+    keys = sorted(episodes)
+    records = []
+    for uid, s in keys:
+        record = dict(episodes[(uid, s)][-1].extra_fields[TRAJECTORY_FIELD])
+        trajectory = parse_trajectory(record)
+        (readings,), _ = read_states(meter, [trajectory], [True])
+        record |= {"group": uid, "step_tokens": [len(o.response_ids) for o in episodes[(uid, s)]],
+                   "meter": [None if r is None else r.to_json() for r in readings]}  # fmt: skip
+        records.append(record)
+    (tmp_path / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["credit", str(tmp_path / "pool.jsonl"), "--method", "deltattg_robust", "--failure-cost",
+                 str(FAILURE_COST), "--out", str(tmp_path / "credit.jsonl")]) == 0  # fmt: skip
+    written = [json.loads(line) for line in (tmp_path / "credit.jsonl").read_text().splitlines()]
+    for (uid, s), record in zip(keys, written, strict=True):
+        for t, advantage in enumerate(record["step_advantages"]):
+            got = memory_tq.rows[("train", f"{uid}_{s}_{t}")]["advantages"].tolist()
+            assert got == pytest.approx([advantage] * len(got), abs=1e-5)
 
 
 def test_rows_that_do_not_line_up_with_the_record_are_an_error_naming_the_episode(tokenizer, memory_tq):
@@ -421,6 +451,39 @@ def test_a_failing_meter_makes_the_groups_keep_their_grpo_advantages(fault, toke
         assert memory_tq.rows[("train", key)]["advantages"].tolist() == pytest.approx(want, abs=1e-6)
     assert metrics["deltattg/credit/invalid_group"] == len(episodes)  # every trajectory has A ≠ 0 here
     assert metrics["deltattg/meter_errors"] == (1.0 if fault == "raises" else 0.0)
+
+
+@pytest.mark.parametrize("fault", ["http 500", "raises"])
+def test_a_meter_that_keeps_failing_stops_the_run(fault, tokenizer, memory_tq):
+    """``max_failed_meter_steps`` consecutive steps without a valid reading stop training (it would be GRPO under
+    DeltaTTG's name); a step with valid readings in between starts the count again."""
+    collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FailingMeterHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        failing = (EndpointMeter(f"http://127.0.0.1:{server.server_address[1]}/v1", "meter", timeout_s=5.0)
+                   if fault == "http 500" else _RaisingMeter())  # fmt: skip
+        trainer = trainer_for("deltattg", tokenizer, failing)
+        trainer.deltattg_watch = MeterWatch(2)
+        trainer._compute_advantage(memory_tq.meta(), {})  # one failed step: training goes on
+        trainer.deltattg_meter = OracleMeter(tokenizer)
+        trainer._compute_advantage(memory_tq.meta(), {})  # a good step: the count starts again
+        trainer.deltattg_meter = failing
+        trainer._compute_advantage(memory_tq.meta(), {})
+        with pytest.raises(MeterFailing, match="2 consecutive training steps .*max_failed_meter_steps"):
+            trainer._compute_advantage(memory_tq.meta(), {})
+    finally:
+        server.shutdown()
+
+
+def test_a_method_that_needs_the_failure_cost_is_refused_when_the_trainer_is_built():
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "deltattg_robust", "use_kl_in_reward": False,
+                                             "deltattg": {"meter": "oracle"}},
+                               "trainer": {"v1": {"trainer_mode": "deltattg"}}})  # fmt: skip
+    with pytest.raises(ValueError, match="algorithm.deltattg.failure_cost"):
+        DeltaTTGTrainer(config)
+    with pytest.raises(ValueError, match="max_failed_meter_steps: a whole number"):
+        VerlSettings.from_section({"failure_cost": 64, "max_failed_meter_steps": -1})
 
 
 def test_the_verl_tasks_parquet_reaches_the_agent_loop_through_verls_dataset(tokenizer, tmp_path):

@@ -12,7 +12,9 @@ environment's reward) on its last row.
 read the decision states of the A ≠ 0 trajectories in one deduplicated call (Algorithm 1, lines 9–10), applies any
 registered estimator and writes each step's Ã_{i,t} onto its row's tokens. A meter that fails (endpoint down, timeout,
 garbage) leaves its readings invalid, so the groups concerned keep their GRPO advantages (``credit/invalid_group``);
-the failure is counted in the metrics and training goes on. Nothing here imports verl.
+the failure is counted in the metrics and training goes on — for ``max_failed_meter_steps`` consecutive steps at most
+(:class:`MeterWatch`): then the run stops rather than train as GRPO under the method's name. Nothing here imports
+verl.
 """
 
 from __future__ import annotations
@@ -204,12 +206,47 @@ def read_safely(
     return readings, {"deltattg/meter_errors": 0.0} | {f"deltattg/meter_{k}": float(v) for k, v in vars(stats).items()}
 
 
+class MeterFailing(RuntimeError):
+    """The frozen meter gave no valid reading for too many consecutive training steps."""
+
+
+def meter_step_failed(metrics: Mapping[str, float]) -> bool | None:
+    """Whether a step's meter read failed as a whole — the meter raised, or none of the states it was asked about got
+    a valid reading; None when the step asked the meter nothing (no trajectory with A ≠ 0, or no meter)."""
+    if metrics.get("deltattg/meter_errors", 0.0) > 0:
+        return True
+    states = metrics.get("deltattg/meter_states", 0.0)
+    return None if states == 0 else metrics.get("deltattg/meter_invalid", 0.0) == states
+
+
+@dataclass
+class MeterWatch:
+    """Counts consecutive failed meter steps (:func:`meter_step_failed`); the ``limit``-th raises :class:`MeterFailing`
+    (``limit`` 0: never). A step that asked the meter nothing leaves the count as it is."""
+
+    limit: int
+    failed_in_a_row: int = 0
+
+    def record(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        failed = meter_step_failed(metrics)
+        if failed is None:
+            return
+        self.failed_in_a_row = self.failed_in_a_row + 1 if failed else 0
+        if self.limit and self.failed_in_a_row >= self.limit:
+            where = f" (training step {step})" if step is not None else ""
+            raise MeterFailing(f"the meter gave no valid reading for {self.failed_in_a_row} consecutive training "
+                               f"steps{where}: the run would train as GRPO under the method's name, so it stops. "
+                               "Check the meter (endpoint up? the log names each failure), or raise "
+                               "algorithm.deltattg.max_failed_meter_steps (0: never stop)")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class VerlSettings:
     """The ``algorithm.deltattg`` section of a verl config: the credit hyperparameters (``CreditConfig`` fields)
     and the frozen meter — a saved meter folder loaded beside the trainer, an ``http(s)://`` endpoint (vLLM / SGLang
     serving the generative meter; ``meter_model`` names it, ``turn_limit`` the turn limit it was trained under, so
-    that each prompt states the turns left) or ``oracle`` (household; ``tokenizer`` counts tokens)."""
+    that each prompt states the turns left) or ``oracle`` (household; ``tokenizer`` counts tokens);
+    ``max_failed_meter_steps`` consecutive steps without a valid meter reading stop the run (0: never)."""
 
     credit: CreditConfig
     meter: str | None = None
@@ -217,8 +254,9 @@ class VerlSettings:
     meter_timeout_s: float = 60.0
     tokenizer: str | None = None
     turn_limit: int | None = None
+    max_failed_meter_steps: int = 5
 
-    METER_KEYS = ("meter", "meter_model", "meter_timeout_s", "tokenizer", "turn_limit")
+    METER_KEYS = ("meter", "meter_model", "meter_timeout_s", "tokenizer", "turn_limit", "max_failed_meter_steps")
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | None) -> VerlSettings:
@@ -230,7 +268,17 @@ class VerlSettings:
             known = ", ".join(sorted(credit_keys | set(cls.METER_KEYS)))
             raise ValueError(f"algorithm.deltattg.{unknown[0]}: unknown setting (known: {known})")
         credit = CreditConfig(**{k: v for k, v in section.items() if k in credit_keys})
+        limit = section.get("max_failed_meter_steps", 0)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"algorithm.deltattg.max_failed_meter_steps: a whole number >= 0, got {limit!r}")
         return cls(credit, **{k: section[k] for k in cls.METER_KEYS if k in section})
+
+    def check_for(self, method: str) -> None:
+        """Refuse, when the trainer is built, a setting ``method`` needs and the section lacks (the failure cost C)."""
+        if get_estimator(method).needs_failure_cost and self.credit.failure_cost is None:
+            raise ValueError(f"algorithm.adv_estimator={method} needs the failure cost C (Eq. 7): set "
+                             "algorithm.deltattg.failure_cost, e.g. the turn limit × the longest action in tokens "
+                             "(`deltattg methods` explains it)")  # fmt: skip
 
     def load_meter(self, method: str, device: Any = "cpu") -> Meter | None:
         """The frozen meter ``method`` reads (None for methods that read none)."""

@@ -33,8 +33,9 @@ from deltattg.credit.layouts import StepLayoutError
 from deltattg.meter.base import Meter
 from deltattg.verl.credit import check_rows_in_step, step_row_credit
 
-VERL_INPUTS = frozenset({Reads.METER, Reads.STEP_REWARDS, Reads.ANCHORS, Reads.VERIFIED})
-"""What the agent loop's trajectory records give an estimator beyond the outcome (meter readings come from the meter)."""
+VERL_INPUTS = frozenset({Reads.METER, Reads.STEP_REWARDS, Reads.ANCHORS, Reads.VERIFIED, Reads.HISTORIES})
+"""What the agent loop's trajectory records give an estimator beyond the outcome (meter readings come from the meter;
+the decision states' histories, which ``deltattg_robust`` reads, from each record's messages)."""
 METHOD_ATTRIBUTE = "deltattg_method"  # set on every function this module registers: the deltattg estimator it runs
 
 

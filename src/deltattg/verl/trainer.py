@@ -7,7 +7,8 @@ so that the registered estimator sees each row's episode and step. Rows are matc
 position: ``_balance_batch`` has already reordered them and added padding rows. The frozen meter is loaded once, in
 the trainer's process, from ``algorithm.deltattg`` (:class:`~deltattg.verl.credit.VerlSettings`). The estimators
 read each episode's outcome from its record, so ``algorithm.use_kl_in_reward=true`` is refused
-(:func:`check_algorithm`).
+(:func:`check_algorithm`), as is a method that needs the failure cost C without one; a meter that fails for
+``max_failed_meter_steps`` consecutive steps stops the run (:class:`~deltattg.verl.credit.MeterWatch`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from deltattg.verl.credit import VerlSettings
+from deltattg.verl.credit import MeterWatch, VerlSettings
 from deltattg.verl.estimators import StepContext, method_of, step_context
 
 TRAINER_MODE = "deltattg"
@@ -52,6 +53,9 @@ class DeltaTTGTrainer(PPOTrainerSync):
         if self.deltattg_method is not None:
             check_algorithm(config.algorithm)
         self.deltattg = settings_of(config.algorithm)
+        if self.deltattg_method is not None:
+            self.deltattg.check_for(self.deltattg_method)
+        self.deltattg_watch = MeterWatch(self.deltattg.max_failed_meter_steps)
         self.deltattg_meter = self.deltattg.load_meter(self.deltattg_method) if self.deltattg_method else None
         super().__init__(config, *args, **kwargs)
 
@@ -69,4 +73,5 @@ class DeltaTTGTrainer(PPOTrainerSync):
         with step_context(context):
             batch = super()._compute_advantage(batch, metrics)
         metrics.update(context.metrics)
+        self.deltattg_watch.record(context.metrics, getattr(self, "global_steps", None))
         return batch
