@@ -1,16 +1,56 @@
-"""Shared fixtures: paths to ../shared data (tests skip when absent) and a tiny offline HF tokenizer."""
+"""Shared fixtures: paths to ../shared data (tests skip when absent) and a tiny offline HF tokenizer.
+
+A test whose data or optional part is missing skips, with its reason in the summary (``-rs``); with
+``DELTATTG_REQUIRE_DATA=1`` (CI) every such skip fails instead, so that a missing data folder or extra cannot pass
+quietly. Only what a machine cannot do (:func:`skip_here`: root writes anywhere, no sysfs) stays a skip."""
 
 from __future__ import annotations
 
 import importlib.util
 import tarfile
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("DELTATTG_SHARED", REPO.parent / "shared"))
+
+REQUIRE_DATA = os.environ.get("DELTATTG_REQUIRE_DATA") == "1"
+
+
+class NotOnThisMachine(pytest.skip.Exception):
+    """A skip for what this machine cannot do; kept a skip under ``DELTATTG_REQUIRE_DATA=1``."""
+
+
+def skip_here(reason: str) -> NoReturn:
+    """Skip a test this machine cannot run (not for missing data or extras: those fail in CI)."""
+    raise NotOnThisMachine(reason)
+
+
+def _required(report: pytest.TestReport | pytest.CollectReport, reason: object) -> None:
+    report.outcome = "failed"
+    report.longrepr = f"skipped, but DELTATTG_REQUIRE_DATA=1 requires it to run: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_DATA and report.skipped and call.excinfo is not None and not call.excinfo.errisinstance(NotOnThisMachine):
+        _required(report, call.excinfo.value)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_DATA and report.skipped:  # a module-level importorskip: a missing extra
+        where, line, reason = report.longrepr  # type: ignore[misc]  # a skip's (path, line, reason)
+        _required(report, f"{where}:{line}: {reason}")
+
 
 # tests/verl_plugin runs in .venv-verl (verl pins an older transformers than ours); `make test` runs it there.
 collect_ignore = [] if importlib.util.find_spec("transfer_queue") else ["verl_plugin"]

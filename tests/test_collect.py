@@ -6,6 +6,7 @@ import pytest
 
 from pathlib import Path
 
+from conftest import skip_here
 from deltattg.cli import main
 from deltattg.data.sources import read_trajectories
 from deltattg.rollout.collect import parse_policy
@@ -54,7 +55,7 @@ def test_an_unwritable_out_is_refused_before_any_episode(target, capsys):
     """(As root, chmod blocks nothing: /sys and /proc refuse new files to anyone.) The check comes first, not after
     the episodes: no progress bar is drawn."""
     if not Path(target).parent.is_dir():
-        pytest.skip(f"no {Path(target).parent}")
+        skip_here(f"no {Path(target).parent}")
     code = main(["collect", "--env", "household", "--short", "--policy", "expert", "--episodes", "2", "--out", target])
     err = capsys.readouterr().err
     assert code == 2 and f"{target}: cannot write" in err and "rollout" not in err and "Traceback" not in err

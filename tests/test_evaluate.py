@@ -370,7 +370,7 @@ def test_the_folder_is_held_by_one_holder_at_a_time_and_left_as_found(tmp_path):
 def test_an_unwritable_out_exits_2_before_any_work(where, tmp_path, capsys):
     if where == "/sys":
         if not Path("/sys/kernel").is_dir():
-            pytest.skip("no sysfs")
+            skip_here("no sysfs")
         out = Path("/sys/deltattg-evaluate/out")
     else:
         (tmp_path / "file").write_text("keep")

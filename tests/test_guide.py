@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import save_household_tokenizer
+from conftest import save_household_tokenizer, skip_here
 from deltattg.cli import main
 from deltattg.guidance import GuidedPolicy, compare_guidance
 from deltattg.envs.registry import env_factory
@@ -112,7 +112,7 @@ def test_more_episodes_than_tasks_is_refused_as_evaluate_refuses_it(tokenizer, t
 @pytest.mark.parametrize("target", ["/sys/deltattg-guide.json", "/proc/deltattg-guide.json"])
 def test_an_unwritable_json_is_refused_before_any_episode(target, tokenizer, capsys):
     if not Path(target).parent.is_dir():
-        pytest.skip(f"no {Path(target).parent}")
+        skip_here(f"no {Path(target).parent}")
     code = main([*GUIDE[:-4], "--tokenizer", str(tokenizer), "--episodes", "2", "--json", target])  # bars shown
     assert code == 2
     err = capsys.readouterr().err

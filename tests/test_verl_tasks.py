@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from conftest import skip_here
 from deltattg.cli import main
 from deltattg.errors import InputError
 from deltattg.verl.tasks import AGENT_NAME, rebuild_task, task_of, write_parquet
@@ -168,7 +169,7 @@ def unwritable_outputs(tmp_path: Path) -> dict[str, Path]:
 def test_an_unwritable_out_is_refused_before_any_task_is_loaded(case, tmp_path, monkeypatch, capsys):
     out = unwritable_outputs(tmp_path).get(case)
     if out is None:
-        pytest.skip(f"{case}: writable here (root, or no such folder)")
+        skip_here(f"{case}: writable here (root, or no such folder)")
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)  # loading the tasks would fail: the output is checked first
     code = exit_status(["verl-tasks", "--env", "alfworld", "--out", str(out)])
     err = capsys.readouterr().err
