@@ -320,6 +320,19 @@ def test_a2tgpo_credit_command_by_hand(tmp_path):
     assert [out[k]["credit"] for k in "abc"] == ["information_gain", "information_gain", "zero_advantage"]
 
 
+@pytest.mark.parametrize("method", ["igpo", "a2tgpo"])
+def test_a_trajectory_without_steps_is_not_called_zero_advantage_when_its_advantage_is_not(tmp_path, method):
+    """A 0-action failure beside a success in its group: A_i = −0.707, no steps to give it to; its label says what the
+    estimator is, not ``zero_advantage``."""
+    records = [{"id": "won", "group": "g", "reward": 1.0, "success": True, "step_tokens": [3],
+                "answer_logprobs": [-2.0, -0.1], "steps": [{"observation": "o", "reward": 1.0, "verified": True}]},
+               {"id": "none", "group": "g", "reward": 0.0, "success": False, "step_tokens": [],
+                "answer_logprobs": [-2.0], "steps": []}]  # fmt: skip
+    out = credit_records(tmp_path, method, records)
+    assert out["none"]["advantage"] == pytest.approx(-0.5 / (math.sqrt(0.5) + EPS), rel=1e-6)
+    assert out["none"]["credit"] != "zero_advantage" and out["none"]["step_advantages"] == []
+
+
 def test_information_gain_options_reach_the_estimators(tmp_path):
     # --ig-log: IG = differences of the mean log-probs: a [log 3, log 2], b [log 0.5]. A²TGPO, turn 0 of g: log 3 vs
     # log 0.5 -> ĨG = ±1 (two values), so nothing but the scale changes with --ig-alpha 1 --ig-beta 0.5.

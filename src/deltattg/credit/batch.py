@@ -193,6 +193,15 @@ class Credit:
         """Ã_{i,t} = A_i · w_{i,t} (Eq. 11)."""
         return cls(advantage, advantage[:, None] * step_weights, fallback, step_weights)
 
+    @classmethod
+    def additive(cls, advantage: Tensor, step_advantages: Tensor, kind: Fallback, **extra: Tensor | None) -> Credit:
+        """An additive estimator's answer (GiGPO, HGPO, IGPO, A²TGPO, CrEST): ``kind`` for every trajectory but those
+        whose outcome advantage and step advantages are all 0 (``zero_advantage``) — a trajectory without steps
+        keeps ``kind`` while its A_i ≠ 0."""
+        nothing = (advantage == 0) & (step_advantages == 0).all(dim=1)
+        fallback = torch.where(nothing, Fallback.ZERO_ADVANTAGE, kind).to(torch.int8)
+        return cls(advantage.to(step_advantages.dtype), step_advantages, fallback, **extra)
+
     def fallback_counts(self) -> dict[str, int]:
         """How many trajectories each Algorithm 1 rule applied to (``credit/redistributed``, ``credit/zero_mass``, ...)."""
         return {f"credit/{f.name.lower()}": int((self.fallback == f).sum()) for f in Fallback}

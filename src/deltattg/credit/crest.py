@@ -209,12 +209,10 @@ def crest(batch: StepBatch, config: CreditConfig) -> Credit:
 
     Ã_{i,t} = A_i + β_v·ṽ_{i,t} (:func:`verified_zscore`, :func:`crest_step_advantages`); the token factor w needs
     the actor as a privileged self-teacher, so the trainer applies it (the record's ``teacher_weights``, here
-    :func:`crest_weights`) and hands the policy loss Ã·w per token. ``verified_turns`` where some step's advantage is
-    nonzero, else ``zero_advantage``.
+    :func:`crest_weights`) and hands the policy loss Ã·w per token. ``verified_turns``, or ``zero_advantage`` where
+    A_i and every step's advantage are 0.
     """
     outcome = outcome_advantage(batch, config)
     z = verified_zscore(verified_inputs(batch), batch.group, batch.step_mask, epsilon=config.epsilon)
     advantages = crest_step_advantages(outcome, z, batch.step_mask, beta=config.crest_beta)
-    fallback = torch.full(outcome.shape, Fallback.VERIFIED_TURNS, dtype=torch.int8, device=outcome.device)
-    fallback[(advantages == 0).all(dim=1)] = Fallback.ZERO_ADVANTAGE
-    return Credit(outcome.to(advantages.dtype), advantages, fallback)
+    return Credit.additive(outcome, advantages, Fallback.VERIFIED_TURNS)

@@ -218,9 +218,7 @@ def step_group_inputs(batch: StepBatch) -> tuple[Tensor, Tensor]:
 
 def step_group_credit(episode: Tensor, advantages: Tensor) -> Credit:
     """An observation-grouping estimator's answer: A_i is its episode term, Ã_{i,t} its per-step advantages."""
-    fallback = torch.full_like(episode, Fallback.STEP_GROUPS, dtype=torch.int8)
-    fallback[(advantages == 0).all(dim=1)] = Fallback.ZERO_ADVANTAGE
-    return Credit(episode, advantages, fallback)
+    return Credit.additive(episode, advantages, Fallback.STEP_GROUPS)
 
 
 @register_estimator("gigpo", reads=STEP_GROUP_READS, options=(

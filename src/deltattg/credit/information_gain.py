@@ -268,10 +268,8 @@ def turn_information_gain(batch: StepBatch, config: CreditConfig) -> Tensor:
 def information_gain_credit(outcome: Tensor, advantages: Tensor, clip_scale: Tensor | None = None) -> Credit:
     """An information-gain estimator's answer: A_i = Â_out (the trajectory's GRPO outcome z-score, what the step
     advantages do not decompose into: they are additive, not A·w), its per-turn advantages and clip factors;
-    ``information_gain`` where some turn's advantage is nonzero, else ``zero_advantage``."""
-    fallback = torch.full(outcome.shape, Fallback.INFORMATION_GAIN, dtype=torch.int8, device=outcome.device)
-    fallback[(advantages == 0).all(dim=1)] = Fallback.ZERO_ADVANTAGE
-    return Credit(outcome.to(advantages.dtype), advantages, fallback, clip_scale=clip_scale)
+    ``information_gain``, or ``zero_advantage`` where A_i and every turn's advantage are 0 (:meth:`Credit.additive`)."""
+    return Credit.additive(outcome, advantages, Fallback.INFORMATION_GAIN, clip_scale=clip_scale)
 
 
 @register_estimator("igpo", reads=ANSWER_READS, options=(IG_GAMMA, IG_LOG))

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor
 
 from deltattg.credit.batch import MeterReadings
-from deltattg.ranks import average_ranks
 
 TRUST_MODES = ("none", "auc")
 
