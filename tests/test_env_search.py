@@ -432,6 +432,46 @@ def test_the_closed_set_from_recorded_trajectories_keeps_only_answerable_questio
     assert evidence / len(tasks) >= 0.8
 
 
+def recorded(ground_truth=None, messages=None) -> dict:
+    """A Search-R1 trajectory as AgentProcessBench records it: one search returning one passage, then the answer."""
+    call = {"function": {"name": "search", "arguments": json.dumps({"query_list": ["Hamlet author"]})}}
+    hits = {"result": [[{"document": {"id": "d1", "contents": '"Hamlet"\nHamlet is a tragedy by Shakespeare.'}}]]}
+    return {"question": "Who wrote Hamlet?", "ground_truth": ground_truth or {"target": ["Shakespeare"]},
+            "answer_text": "Shakespeare",
+            "messages": messages or [{"role": "user", "content": "Who wrote Hamlet?"},
+                                     {"role": "assistant", "content": "", "tool_calls": [call]},
+                                     {"role": "tool", "content": json.dumps(hits)}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape, change", [
+    ("ground_truth a string", lambda r: dict(r, ground_truth="Shakespeare")),
+    ("ground_truth a list", lambda r: dict(r, ground_truth=["Shakespeare"])),
+    ("arguments an object", lambda r: r["messages"][1]["tool_calls"][0]["function"].update(
+        arguments={"query_list": ["Hamlet author"]}) or r),
+    ("tool content in parts", lambda r: r["messages"][2].update(
+        content=[{"type": "text", "text": r["messages"][2]["content"]}]) or r),
+])  # fmt: skip
+def test_search_data_reads_the_shapes_recorders_write(shape, change, tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps(change(recorded())) + "\n")
+    assert main(["search-data", str(tmp_path / "in.jsonl"), "--test-share", "0", "--out", str(tmp_path / "sq")]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "sq" / "questions" / "train.jsonl").read_text().splitlines()]
+    assert row["golden_answers"] == ["Shakespeare"] and row["queries"] == ["Hamlet author"]
+    assert [json.loads(line)["id"] for line in (tmp_path / "sq" / "corpus.jsonl").read_text().splitlines()] == ["d1"]
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda r: dict(r, ground_truth={"target": 3}), "ground_truth"),
+    (lambda r: dict(r, messages=["Who wrote Hamlet?"]), "messages[0]"),
+    (lambda r: r["messages"][1].update(tool_calls="search") or r, "messages[1].tool_calls"),
+    (lambda r: r["messages"][1].update(tool_calls=[{"function": "search"}]) or r, "messages[1].tool_calls[0].function"),
+])  # fmt: skip
+def test_search_data_names_the_line_and_field_of_a_shape_it_cannot_read(change, field, tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text(json.dumps(recorded()) + "\n" + json.dumps(change(recorded())) + "\n")
+    assert main(["search-data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "sq")]) == 2
+    err = capsys.readouterr().err
+    assert f"in.jsonl:2: {field}: " in err and "Traceback" not in err and not (tmp_path / "sq").exists()
+
+
 def test_evaluate_does_not_resume_a_run_of_another_retrieval_setting(files, tmp_path, capsys):
     """A rerun with ``--topk 5`` into a ``--topk 1`` folder (or another corpus) used to write no episode and report
     the old run's figures: the environment's whole description is part of the run's settings."""
