@@ -276,6 +276,17 @@ def test_the_server_speaks_search_r1s_protocol_and_the_client_reads_it(server):
         assert code == status_code and "error" in error
 
 
+@pytest.mark.parametrize("corpus, argv, message", [
+    ([{"id": "a", "contents": "the of and"}, {"id": "b", "contents": "!!!"}], [], "no passage has a word BM25 can index"),
+    (CORPUS, ["--host", ""], "--host '' would listen on every interface"),
+])  # fmt: skip
+def test_serve_retriever_refuses_what_it_cannot_serve_before_listening(corpus, argv, message, tmp_path, capsys):
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
+    assert main(["serve-retriever", str(tmp_path / "corpus.jsonl"), "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "serving" not in err
+
+
 def test_the_server_answers_search_r1s_batch_of_2560_queries(server):
     """Search-R1's GRPO script sends every active rollout's query in one request: 2,560 of them, topk 3, with scores
     (its client then reads ``["result"]`` and would crash on an error answer)."""

@@ -64,7 +64,11 @@ class BM25Index:
 
         self.passages = list(passages)
         self._bm25 = bm25s.BM25()
-        self._bm25.index(self._tokenize([p.contents for p in self.passages]), show_progress=False)
+        tokens = self._tokenize([p.contents for p in self.passages])
+        if not tokens.vocab:
+            raise ValueError("no passage has a word BM25 can index (every word is an English stop word or "
+                             "punctuation, or the corpus is empty)")  # fmt: skip
+        self._bm25.index(tokens, show_progress=False)
         self._lock = threading.Lock()  # bm25s keeps per-call state: one search at a time
 
     @staticmethod
@@ -89,7 +93,10 @@ class BM25Index:
 
 @functools.lru_cache(maxsize=4)
 def _index(path: str, mtime_ns: int, size: int) -> BM25Index:
-    return BM25Index(read_corpus(path))
+    try:
+        return BM25Index(read_corpus(path))
+    except ValueError as error:
+        raise error if isinstance(error, InputError) else InputError(str(error), path=path) from None
 
 
 def bm25_index(corpus: str | os.PathLike) -> BM25Index:
