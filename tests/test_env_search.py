@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("bm25s", reason="the search environment needs the [search] extra (pip install bm25s)")
 
+from conftest import exit_status  # noqa: E402
 from deltattg.cli import main  # noqa: E402
 from deltattg.envs.base import Describable, HasExpert, HasMistakes  # noqa: E402
 from deltattg.envs.registry import env_factory, rebuild  # noqa: E402
@@ -57,13 +58,6 @@ def env(files):
     questions, corpus = files
     return SearchEnv(questions, corpus=corpus, max_steps=4)
 
-
-def exit_code(argv: list[str]) -> int:
-    """``deltattg ARGV``'s exit status (usage errors leave through ``SystemExit``, bad files return 2)."""
-    try:
-        return main(argv)
-    except SystemExit as exit:
-        return exit.code
 
 
 def play(env: SearchEnv, task_id: str, actions: list[str]):
@@ -209,11 +203,11 @@ def test_the_command_line_refuses_missing_or_bad_files_with_exit_2(files, tmp_pa
         (["--data", str(questions), "--corpus", corpus, "--split", "dev"], "no split 'dev'"),
     ]
     for extra, message in cases:
-        code = exit_code(["collect", "--env", "search", *extra, "--policy", "expert", "--episodes", "2", "--out", out,
+        code = exit_status(["collect", "--env", "search", *extra, "--policy", "expert", "--episodes", "2", "--out", out,
                      "--no-progress"])  # fmt: skip
         assert code == 2 and message in capsys.readouterr().err, extra
         assert not (tmp_path / "pool.jsonl").exists()
-    assert exit_code(["collect", "--env", "household", "--short", "--corpus", corpus, "--policy", "expert",
+    assert exit_status(["collect", "--env", "household", "--short", "--corpus", corpus, "--policy", "expert",
                       "--episodes", "1", "--out", out, "--no-progress"]) == 2  # fmt: skip
     assert "only for --env search" in capsys.readouterr().err
 
@@ -282,7 +276,7 @@ def test_the_server_speaks_search_r1s_protocol_and_the_client_reads_it(server):
 ])  # fmt: skip
 def test_serve_retriever_refuses_what_it_cannot_serve_before_listening(corpus, argv, message, tmp_path, capsys):
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
-    assert main(["serve-retriever", str(tmp_path / "corpus.jsonl"), "--port", "0", *argv]) == 2
+    assert exit_status(["serve-retriever", str(tmp_path / "corpus.jsonl"), "--port", "0", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "serving" not in err
 

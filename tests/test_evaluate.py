@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import exit_status, skip_here
 from deltattg.cli import main
 from deltattg.data.sources import read_trajectory_file
 from deltattg.envs.base import Task
@@ -26,16 +27,9 @@ from deltattg.rollout.output import LOCK_FILE, held_folder
 HOUSEHOLD = ["evaluate", "--env", "household", "--short", "--no-progress"]
 
 
-def run(argv: list[str]) -> int:
-    """``deltattg ARGV``'s exit status (usage errors exit through argparse)."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-
 
 def evaluate(out: Path, actor: str, *extra: str) -> int:
-    return run([*HOUSEHOLD, "--actor", actor, "--out", str(out), *extra])
+    return exit_status([*HOUSEHOLD, "--actor", actor, "--out", str(out), *extra])
 
 
 def results(out: Path) -> dict:
@@ -148,7 +142,7 @@ def test_a_folder_of_other_settings_is_refused(finished, change, named, tmp_path
         options[change[0]] = change[1]
     argv = [a for a in HOUSEHOLD if not (full and a == "--short")]
     before = snapshot(finished)
-    code = run([*argv, *(x for kv in options.items() for x in kv), "--out", str(finished)])
+    code = exit_status([*argv, *(x for kv in options.items() for x in kv), "--out", str(finished)])
     assert code == 2
     err = capsys.readouterr().err
     assert f"{finished / EPISODES_FILE}:1: this folder holds a run with other settings" in err and named in err
@@ -248,7 +242,7 @@ def test_bad_options_exit_2_and_write_nothing(change, tmp_path, capsys):
     options = {"--actor": "expert:0.3", "--episodes": "3"}
     options[change[0]] = change[1]
     out = tmp_path / "out"
-    code = run([*HOUSEHOLD, *(x for kv in options.items() for x in kv), "--out", str(out)])
+    code = exit_status([*HOUSEHOLD, *(x for kv in options.items() for x in kv), "--out", str(out)])
     assert code == 2
     assert "Traceback" not in capsys.readouterr().err
     assert not out.exists()
@@ -413,7 +407,7 @@ def test_alfworld_expert_wins_and_the_table_has_the_six_types(alfworld_data, tmp
 def test_bfcl_categories_are_the_breakdown(tmp_path):
     pytest.importorskip("bfcl_eval")
     out = tmp_path / "bfcl"
-    assert run(["evaluate", "--env", "bfcl", "--split", "base,miss_param", "--actor", "expert", "--episodes", "4",
+    assert exit_status(["evaluate", "--env", "bfcl", "--split", "base,miss_param", "--actor", "expert", "--episodes", "4",
                 "--out", str(out), "--no-progress"]) == 0  # fmt: skip
     report = results(out)
     assert report["overall"]["success"] == 1.0 and report["breakdown"] == "category"

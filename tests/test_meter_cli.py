@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from conftest import exit_status
 from deltattg.cli import main
 from deltattg.data.trajectory import MeterOutput
 from deltattg.meter.step_quality import baseline_rows, labelled_steps, step_judgements, step_quality
@@ -173,13 +174,6 @@ def test_train_meter_marks_the_turns_left_calibrates_and_the_trainer_checks_the_
 
 
 # ---- train-meter, eval-meter and score on hostile input (issue 21) ----------------------------------------------
-def exit_code(argv: list[str]) -> int:
-    """``main``'s exit status, usage errors (argparse's ``SystemExit``) included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code)
-
 
 def apb_file(folder, count: int = 6):
     src = folder / "apb.jsonl"
@@ -203,12 +197,12 @@ def test_train_meter_never_writes_into_its_model_or_tokenizer(tmp_path, meter_di
     before = files_under(tmp_path)
     for out, option in ((model, "--model"), (model / "meter", "--model"), (model.parent, "--model"),
                         (tokenizer, "--tokenizer")):  # fmt: skip
-        assert exit_code(["train-meter", str(src), "--out", str(out), "--model", str(model), "--tokenizer",
+        assert exit_status(["train-meter", str(src), "--out", str(out), "--model", str(model), "--tokenizer",
                           str(tokenizer), "--head-epochs", "1"]) == 2  # fmt: skip
         err = capsys.readouterr().err
         assert f"the {option} folder" in err and "training" not in err, err
         assert files_under(tmp_path) == before
-    assert exit_code(["train-meter", str(src), "--out", str(src), "--model", str(model)]) == 2  # --out is the data
+    assert exit_status(["train-meter", str(src), "--out", str(src), "--model", str(model)]) == 2  # --out is the data
     assert "also an input" in capsys.readouterr().err and files_under(tmp_path) == before
 
 
@@ -251,7 +245,7 @@ def test_an_interrupted_train_meter_leaves_no_meter_and_the_next_run_resumes(tmp
                                    "features.pt: a train-meter run that did not finish"),
                             (headless, "not a complete meter: no head.pt")):
         scored = tmp_path / "scored.jsonl"
-        assert exit_code(["score", str(src), "--meter", str(folder), "--out", str(scored), "--no-progress"]) == 2
+        assert exit_status(["score", str(src), "--meter", str(folder), "--out", str(scored), "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert f"{folder}: {message}" in err and not scored.exists(), err
 
@@ -283,7 +277,7 @@ def test_train_meter_checks_every_option_before_it_says_or_writes_anything(tmp_p
               "must be divisible by num_generations")]  # fmt: skip
     before = files_under(tmp_path)
     for extra, message in cases:
-        assert exit_code(["train-meter", str(src), "--out", str(tmp_path / "meter"), *extra]) == 2
+        assert exit_status(["train-meter", str(src), "--out", str(tmp_path / "meter"), *extra]) == 2
         out, err = capsys.readouterr()
         assert message in err and "training" not in out + err, (extra, err)
         assert files_under(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["apb.jsonl",

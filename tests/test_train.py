@@ -40,7 +40,6 @@ from deltattg.rollout.policies import LMPolicy, NoisyExpertPolicy, SamplingConfi
 from deltattg.rollout.prompts import PromptConfig
 from deltattg.tiny import tiny_llama, word_tokenizer
 from deltattg.train import (
-    behaviour_clone,
     demonstrations,
     informative_groups,
     load,
