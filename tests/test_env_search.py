@@ -9,6 +9,7 @@ import random
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -21,7 +22,7 @@ from deltattg.envs.registry import env_factory, rebuild  # noqa: E402
 from deltattg.envs.search.answers import exact_match, f1_score, mentions, normalize_answer  # noqa: E402
 from deltattg.envs.search.data import read_corpus, read_questions  # noqa: E402
 from deltattg.envs.search.env import INVALID, SearchEnv, parse_search_action  # noqa: E402
-from deltattg.envs.search.retrieval import BM25Index, RetrievalClient, make_server  # noqa: E402
+from deltattg.envs.search.retrieval import BM25Index, RetrievalClient, make_server, retrieve_answer  # noqa: E402
 from deltattg.errors import InputError  # noqa: E402
 
 CORPUS = [
@@ -389,9 +390,73 @@ def test_a_hanging_or_misbehaving_server_costs_one_deadline(files):
         listener.close()
 
 
+def test_evaluate_stops_when_the_retrieval_server_keeps_failing(files, tmp_path, capsys):
+    """A dead server used to give exit 0 and 100 % expert success; now the run stops after MAX_FAILURES_IN_A_ROW
+    failed requests in a row (exit 69), keeping no half-played episode."""
+    from deltattg.command import EXIT_SERVICE_DOWN
+    from deltattg.envs.search.retrieval import MAX_FAILURES_IN_A_ROW
+
+    questions = tmp_path / "many"  # 2 × 4 searches by the expert: more than MAX_FAILURES_IN_A_ROW
+    questions.mkdir()
+    write_jsonl(questions / "train.jsonl", [dict(q, id=f"{q['id']}{k}") for k in range(2) for q in QUESTIONS])
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = exit_status(["evaluate", "--env", "search", "--data", str(questions), "--retriever",
+                        f"http://127.0.0.1:{port}", "--actor", "expert", "--out", str(tmp_path / "eval"),
+                        "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == EXIT_SERVICE_DOWN and "Traceback" not in err
+    assert f"failed {MAX_FAILURES_IN_A_ROW} requests in a row" in err and f"127.0.0.1:{port}" in err
+    assert not (tmp_path / "eval" / "results.json").exists()
+
+
+class _FlakyHandler(BaseHTTPRequestHandler):
+    """A retrieval server that fails three requests with HTTP 500 (a client's first try and both retries), then
+    answers one, and so on: every other search fails, never five in a row."""
+
+    index: BM25Index
+    requests = 0
+
+    def do_POST(self):
+        type(self).requests += 1
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        status, answer = (500, {"error": "flaky"}) if self.requests % 4 else \
+            (200, retrieve_answer(self.index, json.loads(body), 3))  # fmt: skip
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_failed_retrievals_are_kept_in_the_records_counted_and_warned_about(files, tmp_path, capsys):
+    questions, corpus = files
+    handler = type("Flaky", (_FlakyHandler,), {"index": BM25Index(read_corpus(corpus)), "requests": 0})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        code = exit_status(["evaluate", "--env", "search", "--data", str(questions), "--retriever",
+                            f"http://127.0.0.1:{httpd.server_address[1]}", "--actor", "expert", "--out",
+                            str(tmp_path / "eval"), "--no-progress"])  # fmt: skip
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capsys.readouterr().err
+    assert code == 0 and "warning: the environment could not carry out" in err
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "eval" / "episodes.jsonl").read_text().splitlines()]
+    errors = [step["error"] for r in records for step in r["steps"] if "error" in step]
+    assert results["failed_steps"] == len(errors) > 0 and all("500" in e for e in errors)
+    assert results["episodes_with_failed_steps"] == sum(any("error" in s for s in r["steps"]) for r in records)
+    assert "could not carry out" in (tmp_path / "eval" / "results.md").read_text()
+
+
 def test_a_wrong_answer_shape_is_a_failed_search(files):
     questions, _ = files
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Wrong(BaseHTTPRequestHandler):
         def log_message(self, *args):

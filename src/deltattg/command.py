@@ -10,10 +10,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deltattg.errors import InputError
+from deltattg.errors import InputError, ServiceDown
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_READING = 3  # `score`: not one valid reading (nothing written)
+EXIT_SERVICE_DOWN = 69  # a server the run depends on kept failing (sysexits' EX_UNAVAILABLE)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (128 + SIGPIPE, as a shell reports it)
 
@@ -81,6 +82,9 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
         return EXIT_BAD_INPUT
     except UsageError as exc:
         parser.exit(EXIT_BAD_INPUT, f"{prog}: error: {exc}\n")
+    except ServiceDown as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_SERVICE_DOWN
     except KeyboardInterrupt:  # outputs are atomic: an interrupted command leaves none half-written
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

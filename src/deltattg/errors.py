@@ -21,3 +21,9 @@ class InputError(ValueError):
         where = ":".join(str(p) for p in (self.path, self.line) if p is not None)
         what = f"{self.field}: {self.message}" if self.field else self.message
         return f"{where}: {what}" if where else what
+
+
+class ServiceDown(RuntimeError):
+    """A service the run depends on (a retrieval server, a meter endpoint) failed too many times in a row: the run
+    stops rather than go on as if it answered (the command exits with ``EXIT_SERVICE_DOWN``; what was finished is
+    kept)."""

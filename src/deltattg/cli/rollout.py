@@ -25,6 +25,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from deltattg.data.tokens import count_step_tokens
     from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.rollout.collect import choose_tasks, collect, parse_policy
+    from deltattg.rollout.engine import failed_steps, service_warning
     from deltattg.rollout.policies import SamplingConfig
 
     check_out(args.out)
@@ -55,6 +56,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         mine = [t for t in trajectories if t.policy == spec.name]
         rate = sum(t.success for t in mine) / max(len(mine), 1)
         print(f"{spec.name:>16}: {len(mine)} episodes, success {100 * rate:.1f}%", file=sys.stderr)
+    failed = [failed_steps(t) for t in trajectories]
+    if warning := service_warning(sum(failed), sum(n > 0 for n in failed), len(trajectories)):
+        print(warning, file=sys.stderr)
     print(f"wrote {len(trajectories)} trajectories to {args.out}", file=sys.stderr)
     return 0
 
@@ -135,7 +139,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.rollout.collect import build_policy, parse_policy
-    from deltattg.rollout.evaluate import PerEpisodePolicy, EvalSettings, results_markdown, run_evaluation, select_tasks
+    from deltattg.rollout.evaluate import (PerEpisodePolicy, EvalSettings, failed_steps_warning, results_markdown,
+                                           run_evaluation, select_tasks)
     from deltattg.rollout.policies import SamplingConfig
     from deltattg.rollout.prompts import PromptConfig
 
@@ -175,6 +180,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     results = run_evaluation(make_env, tasks, make_policy, spec, settings, Path(args.out), progress=args.progress,
                              log=lambda message: print(message, file=sys.stderr))  # fmt: skip
     print(results_markdown(results), end="")
+    if warning := failed_steps_warning(results):
+        print(warning, file=sys.stderr)
     print(f"wrote {results['played']} episodes to {Path(args.out) / 'episodes.jsonl'} ({results['episodes']} in all), "
           f"results.json and results.md", file=sys.stderr)
     return 0

@@ -6,7 +6,7 @@ One JSON object per line::
      "messages": [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", ...}, {"role": "tool", ...}],
      "step_tokens": [12, 40],                      # optional: assistant tokens of each action
      "steps": [{"observation": "...", "token_ids": [...], "logprobs": [...], "reward": 0.0,
-                "verified": true, "command": "..."}],                                          # optional (rollouts)
+                "verified": true, "command": "...", "error": "..."}],                          # optional (rollouts)
      "meter": [{"can_complete": true, "tokens_to_go": 412}, null],                        # optional (scored)
      "answer_logprobs": [-2.3, -1.9, -0.4]}                    # optional (IGPO / A²TGPO): T + 1 numbers <= 0
 
@@ -16,7 +16,9 @@ teacher-forced after the first t steps (t = 0: the prompt alone), which IGPO and
 is the step's outcome as the environment itself verified it (true: the action was admissible / its tool calls ran
 without error; false: they were not; absent or null: nothing to verify), which CrEST reads; ``steps[t].command`` is
 what the environment executed where that is not the whole reply (a ReAct reply's action), which a replay repeats
-(``rollout.replay``). Fields we do not know are kept and written back unchanged.
+(``rollout.replay``); ``steps[t].error`` says why the environment could not carry the step out (a retrieval server
+that did not answer, a scenario server that died), absent when it could. Fields we do not know are kept and written
+back unchanged.
 
 Numbers are bounded so that no computation downstream overflows: a step's token count (``step_tokens``, the length
 of ``token_ids``) is at most ``MAX_STEP_TOKENS`` = 10^9, a token id below 2^31, ``tokens_to_go`` at most
@@ -90,6 +92,7 @@ class Step:
     reward: float = 0.0
     verified: bool | None = None  # the environment verified the step's outcome (True/False); None: nothing verified
     command: str | None = None  # what the environment executed, where not the whole reply (ReAct: the Action part)
+    error: str | None = None  # why the environment could not carry the step out (its service failed); None: it could
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -375,11 +378,12 @@ def parse_step(value: Any, name: str) -> Step:
     verified = value.get("verified")
     if verified is not None:
         verified = _as_bool(verified, f"{name}.verified")
-    command = value.get("command")
-    if command is not None and not isinstance(command, str):
-        raise InputError("must be a string", field=f"{name}.command")
+    command, error = value.get("command"), value.get("error")
+    for key, text in (("command", command), ("error", error)):
+        if text is not None and not isinstance(text, str):
+            raise InputError("must be a string", field=f"{name}.{key}")
     return Step(observation=observation, token_ids=token_ids, logprobs=logprobs, prompt_ids=prompt_ids, reward=reward,
-                verified=verified, command=command)  # fmt: skip
+                verified=verified, command=command, error=error)  # fmt: skip
 
 
 def parse_trajectory(record: dict) -> Trajectory:

@@ -92,6 +92,7 @@ def advance(episode: Episode, action: Action) -> None:
             reward=result.reward,
             verified=verified_outcome(result.info),
             command=action.env_text,
+            error=service_error(result.info),
         )
     )
     episode.messages += [{"role": "assistant", "content": action.text}, {"role": "user", "content": result.observation}]
@@ -102,6 +103,28 @@ def advance(episode: Episode, action: Action) -> None:
     episode.reward += result.reward
     episode.won = result.won
     episode.done = result.done
+
+
+def service_error(info: dict) -> str | None:
+    """Why the environment could not carry a step out (``info["error"]``: its retrieval server or scenario server
+    failed), or None."""
+    error = info.get("error")
+    return error if isinstance(error, str) and error else None
+
+
+def failed_steps(trajectory: Trajectory) -> int:
+    """How many of a trajectory's steps the environment could not carry out (``Step.error``)."""
+    return sum(step.error is not None for step in trajectory.steps or [])
+
+
+def service_warning(steps: int, episodes: int, total: int) -> str | None:
+    """The warning for ``steps`` steps in ``episodes`` of ``total`` episodes that the environment could not carry
+    out; None when there are none."""
+    if not steps:
+        return None
+    return (f"warning: the environment could not carry out {steps} steps in {episodes} of {total} episodes (its "
+            "retrieval or scenario server failed): their outcomes are not the policy's; each step's error is in its "
+            "record")  # fmt: skip
 
 
 def provenance(episode: Episode, max_turns: int) -> dict:

@@ -35,7 +35,7 @@ from deltattg.data.trajectory import Trajectory, parse_trajectory
 from deltattg.envs.base import Environment, Task
 from deltattg.errors import InputError
 from deltattg.rollout.collect import PolicySpec, check_episodes, parse_policy
-from deltattg.rollout.engine import Action, Episode, Policy, run_episodes
+from deltattg.rollout.engine import Action, Episode, Policy, failed_steps, run_episodes, service_warning
 from deltattg.rollout.output import held_folder
 
 EPISODES_FILE = "episodes.jsonl"
@@ -176,12 +176,14 @@ class Outcome:
     success: bool
     steps: int
     trials: int = 1  # Reflexion: the trials the task took
+    failed_steps: int = 0  # steps the environment could not carry out (Step.error)
 
     @classmethod
     def of(cls, trajectory: Trajectory) -> Outcome:
         from deltattg.rollout.reflexion import trials_used
 
-        return cls(trajectory.group, trajectory.success, trajectory.num_steps, trials_used(trajectory))
+        return cls(trajectory.group, trajectory.success, trajectory.num_steps, trials_used(trajectory),
+                   failed_steps(trajectory))
 
 
 @dataclass
@@ -373,6 +375,8 @@ def summarize(outcomes: Sequence[Outcome], selected: dict[str, Task], settings: 
         "breakdown": breakdown_name(settings.env),
         "overall": stats(everything),
         "by_type": {name: stats(rows.get(name, [])) for name in order},
+        "failed_steps": sum(o.failed_steps for o in outcomes),
+        "episodes_with_failed_steps": sum(o.failed_steps > 0 for o in outcomes),
         "episodes_file": EPISODES_FILE,
     }
     if settings.actor.startswith("reflexion:"):
@@ -407,6 +411,11 @@ def _trials_line(trials: dict | None) -> str:
     within = ", ".join(f"{_percent(s)} % within {k}" for k, s in enumerate(trials["success_within"], 1))
     used = _number(trials["avg_used"])
     return f" Reflexion: up to {trials['max']} trials per task, {used} used on average; success {within}."
+
+
+def failed_steps_warning(results: dict) -> str | None:
+    """The warning of a run whose environment could not carry out some steps (None when it carried out all)."""
+    return service_warning(results["failed_steps"], results["episodes_with_failed_steps"], results["episodes"])
 
 
 def results_markdown(results: dict) -> str:
@@ -445,4 +454,6 @@ def results_markdown(results: dict) -> str:
         label = f"**{name}**" if name == "all" else name
         lines.append(f"| {label} | {s['episodes']} | {_percent(s['success'])} | {_number(s['avg_steps'])} | "
                      f"{_number(s['avg_steps_success'])} |")  # fmt: skip
+    if warning := failed_steps_warning(results):
+        lines += ["", f"**{warning[0].upper()}{warning[1:]}.**"]
     return "\n".join(lines) + "\n"

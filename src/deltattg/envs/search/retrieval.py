@@ -17,7 +17,9 @@
   ``{"error": ...}``; at most 32 requests are answered at once (the rest wait in a listen backlog of 512), and a
   client that sends nothing for 30 s is dropped. A client that disconnects early is no error.
 
-A failed retrieval is a :class:`RetrievalError` with a one-line reason; the environment turns it into a failed step.
+A failed retrieval is a :class:`RetrievalError` with a one-line reason; the environment turns it into a failed step
+(its ``error`` kept in the record, counted and warned about by ``collect`` and ``evaluate``). A client whose server
+fails ``MAX_FAILURES_IN_A_ROW`` requests in a row raises ``ServiceDown``: the run stops, keeping what it finished.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from typing import Any, Protocol
 
 from deltattg.deadline_post import DeadlinePost, http_url_parts, snippet
 from deltattg.envs.search.data import Passage, read_corpus
-from deltattg.errors import InputError
+from deltattg.errors import InputError, ServiceDown
 
 MAX_TOPK = 100
 MAX_RESULTS = 1 << 18  # queries × topk of one request: Search-R1's GRPO script sends 2,560 queries (× 3, up to × 100)
 MAX_REQUEST_BYTES = 16 << 20
 CONNECTION_TIMEOUT_S = 30.0  # a client that sends nothing for this long is dropped (a stalled or half-sent request)
 MAX_HANDLERS = 32  # requests answered at once; more wait in the listen backlog
+MAX_FAILURES_IN_A_ROW = 5  # failed requests in a row after which a client stops the run (ServiceDown)
 SLOT_WAIT_TIMEOUTS = 4  # how many connection timeouts a new connection waits for a free handler slot
 LISTEN_BACKLOG = 512  # Search-R1 trains with hundreds of concurrent rollouts
 RETRIEVE_PATH = "/retrieve"
@@ -145,20 +148,52 @@ def content_id(contents: str) -> str:
     return "sha256:" + hashlib.sha256(contents.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+class FailureCounts:
+    """Failed requests in a row per server URL, over every client of this process (an evaluation makes one
+    environment, and client, per episode)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, url: str, *, failed: bool) -> int:
+        """Count one request to ``url``; the failures in a row since its last success."""
+        with self._lock:
+            self._counts[url] = self._counts.get(url, 0) + 1 if failed else 0
+            return self._counts[url]
+
+
+_FAILURES_IN_A_ROW = FailureCounts()
+
+
 class RetrievalClient:
     """Search through a Search-R1-compatible server at ``url`` (``http://host:port`` or the full ``/retrieve`` URL)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 2, backoff_s: float = 0.5):
+    def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 2, backoff_s: float = 0.5,
+                 max_failures_in_a_row: int = MAX_FAILURES_IN_A_ROW):  # fmt: skip
         self.url = retrieval_url(url)
         self._post = DeadlinePost(self.url, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                   max_body_bytes=16 << 20, timeout_name="retriever timeout")
+        self.max_failures_in_a_row = max_failures_in_a_row
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        """The passages (see :class:`Retriever`); a failed request raises ``RetrievalError`` (the agent sees
+        "Search failed"), the ``max_failures_in_a_row``-th failed request in a row to this server in this process
+        ``ServiceDown`` (the run stops)."""
         payload = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
-        answer = self._post.send(payload)
-        if answer.body is None:
-            raise RetrievalError(answer.error or f"no answer from {self.url}")
-        return passages_of(answer.body, len(queries), topk)
+        try:
+            answer = self._post.send(payload)
+            if answer.body is None:
+                raise RetrievalError(answer.error or f"no answer from {self.url}")
+            passages = passages_of(answer.body, len(queries), topk)
+        except RetrievalError as error:
+            failed = _FAILURES_IN_A_ROW.record(self.url, failed=True)
+            if failed >= self.max_failures_in_a_row:
+                raise ServiceDown(f"the retrieval server at {self.url} failed {failed} requests in a row (the last: "
+                                  f"{error}): is it running and serving /retrieve?") from None
+            raise
+        _FAILURES_IN_A_ROW.record(self.url, failed=False)
+        return passages
 
 
 # ---- the server --------------------------------------------------------------------------------------------------
