@@ -102,6 +102,7 @@ def test_walkthrough_wins(env: ALFWorldEnv, task_type: str):
     task = first_of_type(list(env.tasks("valid_seen")), task_type)
     observation = env.reset(task)
     assert env.goal in observation and env.observation == observation
+    assert observation.endswith("\n" + env.task_text(task))  # the task's text, read without loading the game
     walkthrough = env.walkthrough()
     results = []
     for command in walkthrough:

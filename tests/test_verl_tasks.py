@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from conftest import skip_here
+from conftest import exit_status, skip_here
+from deltattg.envs.base import StatesTask
 from deltattg.cli import main
 from deltattg.errors import InputError
 from deltattg.verl.tasks import AGENT_NAME, rebuild_task, task_of, write_parquet
@@ -65,13 +66,6 @@ def distinct(commands: list[list[str]]) -> list[list[str]]:
     return kept
 
 
-def exit_status(argv: list[str]) -> int:
-    """``main``'s exit status, argparse's exits included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-
 
 def read_rows(path: Path, cache: Path) -> Any:
     """The parquet read as verl's ``RLHFDataset`` reads it (``datasets``' parquet loader)."""
@@ -94,11 +88,17 @@ def check_rows(rows: Any, env: str, count: int) -> None:
 
 
 def check_first_prompt(rows: Any) -> None:
-    """The first row's rebuilt environment, reset to its task, shows the row's prompt (one reset: an ALFWorld game
-    takes seconds to load)."""
+    """The first row's rebuilt environment, reset to its task, shows the row's prompt — ALFWorld, whose reset is
+    costly, its first observation's last line, the task's text (one reset: an ALFWorld game takes seconds to
+    load)."""
     system, user = rows[0]["prompt"]
     made, task = rebuild_task(rows[0]["extra_info"])
-    assert made.reset(task) == user["content"] and made.system_prompt == system["content"]
+    observation = made.reset(task)
+    if isinstance(made, StatesTask):
+        assert observation.endswith("\n" + user["content"]) and user["content"].startswith("Your task is to: ")
+    else:
+        assert observation == user["content"]
+    assert made.system_prompt == system["content"]
 
 
 def extract_games(archive: Path, root: Path, count: int) -> None:

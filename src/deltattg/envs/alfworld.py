@@ -129,6 +129,18 @@ def goal_of(intro: str) -> str:
     return found.group(1).strip()
 
 
+def task_line(game_file: str | os.PathLike[str]) -> str:
+    """The game's "Your task is to: ..." line — the last of its first observation — derived from the game file's
+    grammar by TextWorld's own parser, without loading the game (~0.15 s against 0.5-3.8 s; the task rule reads no
+    game state)."""
+    from textworld.envs.pddl.logic import GameLogic
+
+    data = json.loads(Path(game_file).read_text())
+    logic = GameLogic(domain=data["pddl_domain"], grammar=data["grammar"])
+    return logic.grammar.derive("#task#", {"state": None, "facts": None, "variables": {}, "mapping": {},
+                                           "entity_infos": {}})  # fmt: skip
+
+
 def parse_action(reply: str) -> str:
     """The command in a reply: the last ``<action>...</action>``, else the whole reply; lower case, single spaces."""
     tagged = _ACTION_TAG.findall(reply)
@@ -206,6 +218,11 @@ class ALFWorldEnv:
     def tasks(self, split: str) -> Sequence[Task]:
         """The split's games (``SPLITS``), sorted by id."""
         return find_tasks(data_root(self.data_dir), split)
+
+    def task_text(self, task: Task) -> str:
+        """The task's "Your task is to: ..." line, read from its game file without loading the game
+        (:func:`task_line`; ``StatesTask``)."""
+        return task_line(task.data["game_file"])
 
     def describe(self) -> dict[str, Any]:
         """``{"name": "alfworld", "options": {"data", "max_steps"}}`` (``Describable``): what

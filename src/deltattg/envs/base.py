@@ -81,6 +81,15 @@ class Describable(Protocol):
 
 
 @runtime_checkable
+class StatesTask(Protocol):
+    """Environments whose reset is costly (an ALFWorld game loads in seconds) that can state a task's text without
+    one: what ``deltattg verl-tasks`` writes as a dataset row's prompt (the agent loop shows the full first
+    observation when the episode starts)."""
+
+    def task_text(self, task: Task) -> str: ...
+
+
+@runtime_checkable
 class HasExpert(Protocol):
     """Environments that know a good next action from the current state (planner, walkthrough, ground truth)."""
 

@@ -1,7 +1,10 @@
 """verl's training data for the ``deltattg_env`` agent loop: one parquet row per environment task.
 
 verl's ``RLHFDataset`` reads a parquet file of prompts; here each row names a task instead. ``prompt`` holds the
-task's first chat messages (verl filters and logs by it), ``agent_name`` selects the agent loop and
+task's first chat messages (verl filters and logs by it; the agent loop builds the actor's prompts itself, from the
+environment): the system prompt and the first observation — or, for an environment whose reset is costly and that
+states its task without one (``StatesTask``: ALFWorld, whose games load in seconds), the task's text. ``agent_name``
+selects the agent loop and
 ``extra_info.deltattg_task`` is the task as JSON — the environment's ``describe()`` and the task's id, split and data —
 from which the agent loop rebuilds the environment in verl's worker (:func:`rebuild_task`).
 """
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deltattg.data.jsonl import atomic_output
-from deltattg.envs.base import Describable, Environment, Task
+from deltattg.envs.base import Describable, Environment, StatesTask, Task
 from deltattg.envs.registry import rebuild
 
 AGENT_NAME = "deltattg_env"
@@ -23,8 +26,7 @@ TASK_FIELD = "deltattg_task"  # key of the task inside a row's extra_info
 
 def task_rows(make_env: Callable[[], Environment], split: str, limit: int | None = None,
               progress: bool = False) -> list[dict[str, Any]]:
-    """The dataset rows of the first ``limit`` tasks of ``split`` (all by default); ``progress`` draws a bar (each
-    row resets its task: an ALFWorld game load takes seconds)."""
+    """The dataset rows of the first ``limit`` tasks of ``split`` (all by default); ``progress`` draws a bar."""
     from tqdm.auto import tqdm
 
     env = make_env()
@@ -34,7 +36,7 @@ def task_rows(make_env: Callable[[], Environment], split: str, limit: int | None
     rows = []
     tasks = list(env.tasks(split))[:limit]
     for index, task in enumerate(tqdm(tasks, desc=f"{env.name} {split}", unit="task", disable=not progress)):
-        observation = env.reset(task)
+        observation = env.task_text(task) if isinstance(env, StatesTask) else env.reset(task)
         spec = {"env": description, "task": {"id": task.id, "split": task.split, "data": task.data}}
         rows.append({
             "data_source": f"deltattg/{env.name}",
