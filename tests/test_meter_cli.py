@@ -259,6 +259,21 @@ def test_train_meter_refuses_an_unwritable_out_before_any_work(tmp_path, meter_d
     assert [p.name for p in tmp_path.iterdir()] == ["apb.jsonl"]
 
 
+@pytest.mark.parametrize("kind", ["regression", "generative"])
+def test_train_meter_refuses_an_out_folder_that_holds_something_else(kind, tmp_path, capsys):
+    """A non-empty --out that is not a meter (a model folder, notes) used to get the meter's README.md and
+    config.json written over its own; it is refused before anything is read or written."""
+    src = apb_file(tmp_path)
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "README.md").write_text("mine")
+    before = files_under(tmp_path)
+    assert exit_status(["train-meter", str(src), "--kind", kind, "--model", "tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: is a folder holding something other than a meter" in err and "Traceback" not in err
+    assert files_under(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["apb.jsonl", "notes"]
+
+
 def test_train_meter_checks_every_option_before_it_says_or_writes_anything(tmp_path, meter_dir, capsys):
     """Options of the other kind of meter, a prompt budget below the generative meter's instruction and a GRPO batch
     that is not a multiple of its group: exit 2, no "training" line, nothing written."""

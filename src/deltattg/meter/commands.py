@@ -78,8 +78,9 @@ def _local_spec(spec: str | None) -> Path | None:
 
 def check_meter_output(out: str, *, model: str, tokenizer: str | None = None) -> None:
     """Refuse, before any work, an ``--out`` that would write into a model or tokenizer it reads (the same folder,
-    one inside it, or one holding it; compared as resolved paths) or whose work folder beside it cannot be written (a
-    file on its way, a read-only place): ``InputError`` naming it. Nothing is created."""
+    one inside it, or one holding it; compared as resolved paths), a folder that holds files but no meter, or one
+    whose work folder beside it cannot be written (a file on its way, a read-only place): ``InputError`` naming it.
+    Nothing is created."""
     from deltattg.data.jsonl import check_writable
 
     target = Path(out).expanduser().resolve()
@@ -89,6 +90,10 @@ def check_meter_output(out: str, *, model: str, tokenizer: str | None = None) ->
             where = "is" if source == target else "is inside" if source in target.parents else "holds"
             raise InputError(f"--out {where} the {option} folder ({spec}): refusing to write the meter over what it "
                              "trains from; choose another --out", path=out)
+    if target.is_dir() and not (target / CONFIG_NAME).is_file() and any(target.iterdir()):
+        raise InputError("is a folder holding something other than a meter: the meter's files would replace and mix "
+                         "with what is there; choose a new or empty --out (a meter's own folder is retrained in "
+                         "place)", path=out)  # fmt: skip
     try:  # the meter is built next to --out, then moved into it (--out itself: the command's check_out)
         check_writable(partial_folder(target), folder=True)
     except InputError as exc:
