@@ -128,6 +128,13 @@ def environment(args: argparse.Namespace, splits: Sequence[str]) -> tuple:
     return make_env, probe, tasks
 
 
+def check_expert(kinds: Sequence[str], probe: Any, tasks: Sequence) -> None:
+    """Refuse (``ValueError``), before any episode, an expert policy (one of ``kinds`` is ``expert``) on tasks the
+    environment has no expert for, where it can tell (``probe.check_expert(tasks)``; AWM: tasks without gold calls)."""
+    if "expert" in kinds and hasattr(probe, "check_expert"):
+        probe.check_expert(tasks)
+
+
 def add_skip_invalid(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip-invalid",

@@ -60,10 +60,16 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
 
 
 def cmd_awm_examples(args: argparse.Namespace) -> int:
-    """Write the example AWM scenarios as a release folder (AWM's gen_*.jsonl files and deltattg_gold.jsonl)."""
+    """Write the example AWM scenarios as a release folder (AWM's gen_*.jsonl files and deltattg_gold.jsonl) into a
+    new or empty folder."""
+    from pathlib import Path
+
     from deltattg.envs.awm.examples import example_names, write_examples
 
     check_out(args.out, folder=True)
+    if Path(args.out).expanduser().is_dir() and any(Path(args.out).expanduser().iterdir()):
+        raise UsageError(f"--out {args.out} is not empty: name a new or empty folder (a release is written whole, "
+                         "never mixed with other files)")
     counts = write_examples(args.out)
     print(f"wrote {len(example_names())} AWM scenarios ({counts['gen_verifier.pure_code.jsonl']} tasks) to {args.out}",
           file=sys.stderr)
@@ -106,5 +112,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Each scenario in AWM's released format: database schema and sample SQL, FastAPI code served as "
         "MCP, tasks and code-mode verifiers; plus deltattg_gold.jsonl, the gold tool calls the expert plays.",
     )
-    awm.add_argument("--out", required=True, help="folder to write the gen_*.jsonl files into")
+    awm.add_argument("--out", required=True, help="a new or empty folder to write the gen_*.jsonl files into")
     awm.set_defaults(func=cmd_awm_examples)

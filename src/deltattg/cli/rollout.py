@@ -12,6 +12,7 @@ from deltattg.cli.common import (
     add_setting,
     add_rollout,
     add_tokenizer,
+    check_expert,
     check_out,
     environment,
     meter_of,
@@ -36,8 +37,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"--policy {', '.join(repeated)} given more than once (trajectory ids would repeat)")
-        make_env, _, tasks = environment(args, [split])
-        choose_tasks(tasks, args.episodes, args.group_size, args.seed)  # enough distinct tasks, refused up front
+        make_env, probe, tasks = environment(args, [split])
+        chosen = choose_tasks(tasks, args.episodes, args.group_size, args.seed)  # enough distinct tasks, up front
+        check_expert([spec.kind for spec in specs], probe, chosen)
         sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                   prefix_cache=args.prefix_cache)
     except (ValueError, ImportError, OSError) as exc:
@@ -99,10 +101,11 @@ def cmd_guide(args: argparse.Namespace) -> int:
         spec = parse_policy(args.actor)
         make_env, probe, tasks = environment(args, [split])
         check_episodes(args.episodes, tasks)  # each task once, as evaluate plays them
+        tasks = choose_tasks(tasks, args.episodes, 1, args.seed)
+        check_expert([spec.kind], probe, tasks)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     meter = meter_of(args)
-    tasks = choose_tasks(tasks, args.episodes, 1, args.seed)
     sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               prefix_cache=args.prefix_cache)
     prompt = PromptConfig(layout=getattr(probe, "prompt_layout", "window"))
@@ -152,6 +155,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         spec = parse_policy(args.actor, trials=True).resolved()  # DIR, DIR/ and ./DIR: one actor, one run
         make_env, probe, tasks = environment(args, splits)
         tasks = select_tasks(tasks, args.episodes, args.seed)
+        check_expert([spec.kind], probe, tasks)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     model = spec.is_model

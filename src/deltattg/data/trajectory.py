@@ -17,7 +17,7 @@ is the step's outcome as the environment itself verified it (true: the action wa
 without error; false: they were not; absent or null: nothing to verify), which CrEST reads; ``steps[t].command`` is
 what the environment executed where that is not the whole reply (a ReAct reply's action), which a replay repeats
 (``rollout.replay``); ``steps[t].error`` says why the environment could not carry the step out (a retrieval server
-that did not answer, a scenario server that died), absent when it could. Fields we do not know are kept and written
+that did not answer, a scenario server that died, a verifier that failed), absent when it could. Fields we do not know are kept and written
 back unchanged.
 
 Numbers are bounded so that no computation downstream overflows: a step's token count (``step_tokens``, the length

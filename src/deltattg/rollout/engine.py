@@ -106,8 +106,8 @@ def advance(episode: Episode, action: Action) -> None:
 
 
 def service_error(info: dict) -> str | None:
-    """Why the environment could not carry a step out (``info["error"]``: its retrieval server or scenario server
-    failed), or None."""
+    """Why the environment could not carry a step out (``info["error"]``: its retrieval server, scenario server or
+    verifier failed), or None."""
     error = info.get("error")
     return error if isinstance(error, str) and error else None
 
@@ -123,8 +123,8 @@ def service_warning(steps: int, episodes: int, total: int) -> str | None:
     if not steps:
         return None
     return (f"warning: the environment could not carry out {steps} steps in {episodes} of {total} episodes (its "
-            "retrieval or scenario server failed): their outcomes are not the policy's; each step's error is in its "
-            "record")  # fmt: skip
+            "retrieval server, scenario server or verifier failed): their outcomes are not the policy's; each step's "
+            "error is in its record")  # fmt: skip
 
 
 def provenance(episode: Episode, max_turns: int) -> dict:

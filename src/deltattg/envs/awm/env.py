@@ -12,25 +12,31 @@
 ``call_tool`` (``tool_name``, ``arguments`` as a JSON string or object), called as ``<tool_call>{"name": ...,
 "arguments": ...}</tool_call>``; a scenario tool may also be called by its own name (``mcp_tool_`` prefix optional).
 Only the first call of a reply runs. A reply without a tool call is the final answer and ends the episode; so does
-reaching ``max_steps`` (Table 4: 20 turns; the final answer is then empty). The reward is 1.0 when the scenario's
-code-mode verifier says ``complete`` about the database before and after the episode (and the final answer), else 0
-(``info["verdict"]`` keeps the verdict; ``won`` = complete). A malformed call, an unknown function or a tool error is a
-failed step (``Error: ...``), as in AWM.
+reaching ``max_steps`` (Table 4: 20 turns; the final answer is then empty). ``list_tools`` answers AWM's listing of
+the scenario's tools (:func:`tool_listing`). The reward is 1.0 when the scenario's code-mode verifier says ``complete``
+about the database before and after the episode (and the final answer), else 0; the last step's ``info["verdict"]``
+keeps the verdict (``complete``, ``others``, or ``error`` with its ``error`` text: a verifier that failed, which is
+also logged as a warning and counted in :attr:`AWMEnv.verifier_errors`); ``won`` = complete. A malformed call, an
+unknown function or a tool error is a failed step (``Error: ...``), as in AWM.
 
 **Sandbox** (:mod:`deltattg.envs.awm.sandbox`): each episode gets its own copy of the scenario's database (built once
 per scenario and process from the released SQL) and its own server process, started at its first step (so ``reset``,
-and ``verl-tasks``, cost no server); the verifier runs in a subprocess with a time limit. A server that dies or stops answering is a failed step that ends the episode (reward 0, ``info["error"]``),
-never a hang: every MCP request has ``tool_timeout_s``.
+and ``verl-tasks``, cost no server); the verifier runs in a subprocess with a time limit. A server that dies, stops
+answering or never lists its tools (it listens but does not speak MCP) is a failed step that ends the episode (reward
+0, ``info["error"]``), never a hang: every MCP request has ``tool_timeout_s``. Servers and verifiers end with the
+process that started them, however it ends (on Linux; see the sandbox).
 
-**Expert and mistakes** (only where ``deltattg_gold.jsonl`` gives a task's gold calls; AWM's release has none): the
-first gold call not yet made successfully, in order, then the gold answer; mistakes are those of
-:mod:`deltattg.envs.mistakes` (a wrong argument, another tool, giving up with a final answer).
+**Expert and mistakes** (only where ``deltattg_gold.jsonl`` gives a task's gold calls; AWM's release has none, and
+:meth:`AWMEnv.check_expert` refuses such tasks up front): the first gold call not yet made successfully, in order,
+then the gold answer; mistakes are those of :mod:`deltattg.envs.mistakes` (a wrong argument, another tool, giving up
+with a final answer).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import random
 import shutil
@@ -41,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from deltattg.envs.awm.mcp_client import MCPClient, MCPError
-from deltattg.envs.awm.release import FILES, Release, Scenario, read_release
+from deltattg.envs.awm.release import FILES, OPTIONAL, Release, Scenario, read_release
 from deltattg.envs.awm.sandbox import VERIFY_TIMEOUT_S, Server, ServerError, build_database, verify
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
@@ -52,6 +58,7 @@ MAX_STEPS = 20  # Table 4's AWM turn limit
 TOOL_TIMEOUT_S = 60.0
 PREFIX = "mcp_tool_"
 GIVE_UP = "I could not complete this task."
+logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = """# MCP Tools
 
@@ -102,17 +109,39 @@ def _template(release: Release, scenario: Scenario) -> Path:
 
 
 def tool_listing(tools: Sequence[dict[str, Any]]) -> str:
-    """The scenario's tools as AWM's agent lists them: ``mcp_tool_NAME``, description, parameters."""
-    blocks = []
-    for i, tool in enumerate(tools, start=1):
+    """The scenario's tools as AWM's agent lists them (``format_tools_for_response``, ``awm/core/agent.py``): a
+    count, then per tool ``mcp_tool_NAME``, its whole description line by line (fastapi-mcp's includes the response
+    schemas and examples) and its parameters (:func:`parameter_lines`)."""
+    shown = [tool for tool in tools if tool.get("name") != "list_tools"]
+    lines = [f"Available MCP Tools ({len(shown)} tools):", "=" * 80, ""]
+    for i, tool in enumerate(shown, start=1):
+        name = tool.get("name", "")
+        first, *more = (tool.get("description") or "").split("\n")
+        lines += [f"{i}. {name if name.startswith(PREFIX) else PREFIX + name}", f"   Description: {first.strip()}"]
+        lines += [f"   {line.strip()}" for line in more if line.strip()]
         schema = tool.get("inputSchema") or {}
-        required = set(schema.get("required") or [])
-        params = [f"        - {name} ({spec.get('type', 'any')}, {'required' if name in required else 'optional'})"
-                  for name, spec in (schema.get("properties") or {}).items()]  # fmt: skip
-        summary = (tool.get("description") or "").split("### Responses")[0].strip().replace("\n\n", " ")
-        blocks.append("\n".join([f"{i}. {PREFIX}{tool['name']}", f"    Description: {summary}",
-                                 "    Parameters:" + ("" if params else " none"), *params]))  # fmt: skip
-    return "\n".join(blocks)
+        listed = parameter_lines(schema, 6)
+        lines += ["   Parameters:", *listed] if listed else ["   Parameters: None"]
+        lines.append("")
+    return "\n".join(lines).strip()
+
+
+def parameter_lines(schema: dict[str, Any], indent: int) -> list[str]:
+    """A JSON schema's properties as AWM lists them (``format_input_schema``): ``- name: type (required)``, then
+    its description, default, allowed values and, for an object, its own properties indented by 4 more."""
+    pad, required, lines = " " * indent, schema.get("required") or [], []
+    for name, spec in (schema.get("properties") or {}).items():
+        kind = spec.get("type", "unknown")
+        lines.append(f"{pad}- {name}: {kind} ({'required' if name in required else 'optional'})")
+        if spec.get("description"):
+            lines.append(f"{pad}  Description: {spec['description']}")
+        if spec.get("default") is not None:
+            lines.append(f"{pad}  Default: {spec['default']}")
+        if spec.get("enum"):
+            lines.append(f"{pad}  Allowed values: {spec['enum']}")
+        if kind == "object" and spec.get("properties"):
+            lines += [f"{pad}  Properties:", *parameter_lines(spec, indent + 4)]
+    return lines
 
 
 def parse_call(reply: str) -> tuple[str, dict[str, Any]] | None:
@@ -155,6 +184,8 @@ class AWMEnv:
         self._client: MCPClient | None = None
         self._folder: Path | None = None
         self._tools: list[dict[str, Any]] = []
+        self._unlisted: str | None = None  # why the server did not list its tools (the episode's first step fails)
+        self.verifier_errors = 0  # episodes whose verifier failed (counted as not complete, and logged)
         self._made: list[tuple[str, dict[str, Any]]] = []  # successful calls, in order
         self._steps = 0
         self._done = False
@@ -190,12 +221,13 @@ class AWMEnv:
         shutil.copyfile(working, self._folder / "initial.db")
         self._scenario, self._task = scenario, task
         self._made, self._steps, self._done = [], 0, False
-        self._server, self._client, self._tools = None, None, []  # started at the first step (reset stays cheap)
+        self._server, self._client, self._tools, self._unlisted = None, None, [], None  # started at the first step
         return task.data["task"]
 
     def _start(self) -> None:
-        """The episode's server and its tool list, once per episode (an ``InputError`` naming the scenario when its
-        code does not run)."""
+        """The episode's server and its tool list, once per episode: an ``InputError`` naming the scenario when its
+        code does not start; a server that starts but does not list its tools (it does not speak MCP, it died) is
+        kept in ``_unlisted``, and the next step fails with it."""
         if self._client is not None:
             return
         if self._task is None or self._done:
@@ -206,12 +238,18 @@ class AWMEnv:
             raise InputError(f"scenario {self._scenario.name}: {error}",
                              path=str(Path(self.release.folder) / FILES["envs"]), field="full_code") from None
         self._client = MCPClient(self._server.url, timeout_s=self.tool_timeout_s)
-        self._tools = self._client.list_tools()
+        try:
+            self._tools = self._client.list_tools()
+        except MCPError as error:
+            self._unlisted = f"the scenario's server did not list its tools: {self._failure(error)}"
 
     def step(self, action: str) -> StepResult:
         self._start()
         self._steps += 1
         info: dict[str, Any] = {"admissible": None, "won": False, "truncated": False, "verdict": None}
+        if self._unlisted is not None:  # nothing can run: a failed step that ends the episode
+            info.update(kind="tool", verified=False, error=self._unlisted)
+            return self._finish(None, info, f"Error: {self._unlisted}")
         try:
             call = parse_call(action)
         except Malformed as error:
@@ -235,13 +273,18 @@ class AWMEnv:
         try:
             result = self._client.call_tool(name, arguments)
         except MCPError as error:
-            why = error if self._server.alive() else ServerError(
-                f"the scenario's server exited ({self._server.process.returncode}): {self._server.log_tail()}")
-            info["error"] = str(why)
-            return f"Error: {why}", False
+            info["error"] = self._failure(error)
+            return f"Error: {info['error']}", False
         if not result.is_error:
             self._made.append((name, arguments))
         return (f"Error: {result.text}" if result.is_error else result.text), not result.is_error
+
+    def _failure(self, error: MCPError) -> str:
+        """Why an MCP request failed: the server's exit status and log when it is gone, else the request's error."""
+        assert self._server is not None
+        if self._server.alive():
+            return str(error)
+        return f"the scenario's server exited ({self._server.process.returncode}): {self._server.log_tail()}"
 
     def _finish(self, answer: str | None, info: dict[str, Any], observation: str = "") -> StepResult:
         self._done = True
@@ -255,6 +298,11 @@ class AWMEnv:
                          timeout_s=self.verify_timeout_s)  # fmt: skip
         info["verdict"] = verdict
         info["won"] = verdict.get("result") == "complete"
+        if verdict.get("result") == "error":
+            self.verifier_errors += 1
+            info.setdefault("error", f"the task's verifier failed: {verdict.get('error')}")  # kept in the record
+            logger.warning("AWM task %s: its verifier failed (counted as not complete): %s", self._task.id,
+                           verdict.get("error"))  # fmt: skip
         return StepResult(observation, float(info["won"]), True, info)
 
     def close(self) -> None:
@@ -273,8 +321,24 @@ class AWMEnv:
             pass
 
     # expert, mistakes, tools for the random policy -------------------------------------------------------------
+    def _gold_of(self, task: Task) -> dict[str, Any] | None:
+        """The task's gold calls and answer (``deltattg_gold.jsonl``), None without."""
+        scenario = self.release.scenarios.get(task.data.get("scenario", ""))
+        return scenario.gold.get(task.data.get("task_idx")) if scenario else None
+
+    def check_expert(self, tasks: Sequence[Task]) -> None:
+        """Refuse (``ValueError`` naming the file) tasks the expert cannot play: those without gold calls in the
+        release's ``deltattg_gold.jsonl``, which AWM's own releases do not have."""
+        missing = [task.id for task in tasks if self._gold_of(task) is None]
+        if missing:
+            path = Path(self.release.folder) / OPTIONAL["gold"]
+            why = (f"has none for {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}" if path.is_file()
+                   else "is missing (AWM's releases have none)")  # fmt: skip
+            raise ValueError(f"the expert plays each task's gold calls from {path}, which {why}: use another policy "
+                             "(random, lm:MODEL, ...)")
+
     def _gold(self) -> dict[str, Any]:
-        gold = self._scenario.gold.get(self._task.data["task_idx"]) if self._scenario else None
+        gold = self._gold_of(self._task) if self._task else None
         if gold is None:
             raise ValueError(f"no gold calls for {self._task.id if self._task else 'this task'} "
                              "(deltattg_gold.jsonl): the expert cannot play it")
@@ -304,9 +368,10 @@ class AWMEnv:
         return options[rng.choice([m for m in MISTAKES if options[m] is not None])]
 
     def reference_answer(self, task: Task) -> str | None:
-        scenario = self.release.scenarios.get(task.data["scenario"])
-        gold = scenario.gold.get(task.data["task_idx"]) if scenario else None
-        return None if gold is None else "\n".join(self.call_text(c["tool_name"], c["arguments"]) for c in gold["calls"])
+        gold = self._gold_of(task)
+        if gold is None:
+            return None
+        return "\n".join(self.call_text(call["tool_name"], call["arguments"]) for call in gold["calls"])
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         self._start()

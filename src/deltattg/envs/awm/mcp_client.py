@@ -77,6 +77,6 @@ class MCPClient:
 
 def _reason(error: BaseException) -> str:
     """One line for an error, unwrapping the exception groups anyio raises."""
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
+    while getattr(error, "exceptions", None):  # an exception group (the exceptiongroup backport on Python 3.10)
+        error = error.exceptions[0]  # type: ignore[attr-defined]
     return f"{type(error).__name__}: {error}".splitlines()[0][:300]

@@ -50,7 +50,7 @@ class Scenario:
     name: str  # normalised
     description: str
     db_schema: dict[str, Any]
-    sample_data: dict[str, Any]
+    sample_data: dict[str, Any] | list[Any]  # {"tables": [...]} as released, or the list of tables
     code: str
     tasks: tuple[str, ...]
     verifiers: dict[int, str]  # task_idx -> code-mode verifier source
@@ -96,8 +96,8 @@ def read_release(folder: str | os.PathLike) -> Release:
         raise InputError(f"not an AWM release folder: {', '.join(missing)} missing", path=str(folder))
     paths = {key: root / name for key, name in FILES.items()}
     tasks = _by_scenario(paths["tasks"], lambda r, n: _tasks(r, paths["tasks"], n))
-    schemas = _by_scenario(paths["db"], lambda r, n: _field(r, "db_schema", dict, paths["db"], n))
-    samples = _by_scenario(paths["sample"], lambda r, n: _field(r, "sample_data", (dict, list), paths["sample"], n))
+    schemas = _by_scenario(paths["db"], lambda r, n: _db_schema(r, paths["db"], n))
+    samples = _by_scenario(paths["sample"], lambda r, n: _sample_data(r, paths["sample"], n))
     codes = _by_scenario(paths["envs"], lambda r, n: _field(r, "full_code", str, paths["envs"], n))
     verifiers: dict[str, dict[int, str]] = {}
     for line, record in read_jsonl(paths["verifier"]):
@@ -126,6 +126,28 @@ def _tasks(record: dict[str, Any], path: Path, line: int) -> list[str]:
     if not all(isinstance(t, str) and t.strip() for t in texts):
         raise InputError("must be a list of non-empty strings", path=str(path), line=line, field="tasks")
     return texts
+
+
+def _db_schema(record: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
+    schema = _field(record, "db_schema", dict, path, line)
+    tables = schema.get("tables", [])
+    if not isinstance(tables, list) or not all(isinstance(table, dict) for table in tables):
+        raise InputError('must be a list of tables ({"name", "ddl", "indexes"})', path=str(path), line=line,
+                         field="db_schema.tables")
+    return schema
+
+
+def _sample_data(record: dict[str, Any], path: Path, line: int) -> dict[str, Any] | list[Any]:
+    sample = _field(record, "sample_data", (dict, list), path, line)
+    groups = sample.get("tables", []) if isinstance(sample, dict) else sample
+    if not isinstance(groups, list):
+        raise InputError('must be a list of tables ({"table_name", "insert_statements"})', path=str(path), line=line,
+                         field="sample_data.tables")
+    for i, group in enumerate(groups):
+        if isinstance(group, dict) and not isinstance(group.get("insert_statements", []), list):
+            raise InputError("must be a list of SQL statements", path=str(path), line=line,
+                             field=f"sample_data.tables[{i}].insert_statements")
+    return sample
 
 
 def _descriptions(path: Path) -> dict[str, str]:

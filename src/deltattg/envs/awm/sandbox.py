@@ -4,18 +4,27 @@ subprocess with a time limit. All of it is the dataset's code: AWM environments 
 
 Following AWM (``awm/core/{db,sample,server,verify}.py``): tables' DDL, then their indexes, then every sample INSERT
 one at a time, failures counted and skipped; the working database is copied to ``initial.db`` before the episode;
-each line of the code that calls ``create_engine(`` is rewritten to the episode's database, and
-``FastApiMCP(app).mount_http()`` goes before ``uvicorn.run(app, ...)``, which listens on a free loopback port. The
-verifier ``verify_task_completion(initial_db_path, final_db_path, final_answer)`` gets read-only copies of both
-databases, only the arguments its signature names, and ``timeout_s`` seconds (OpenEnv's AWM port allows 20 s).
+each line of the code that calls ``create_engine(`` is rewritten to the episode's database, and the app gets
+``FastApiMCP(app).mount_http()``. The code runs under :mod:`.run_server`, which imports it, mounts MCP on its ``app``
+and serves that on a free loopback port itself (the code's own ``uvicorn.run`` never runs, however it is written).
+The verifier ``verify_task_completion(initial_db_path, final_db_path, final_answer)`` runs under
+:mod:`.run_verifier` with read-only copies of both databases, only the arguments its signature names, and
+``timeout_s`` seconds (OpenEnv's AWM port allows 20 s).
+
+Both children get a minimal environment (:func:`child_environment`: no API token of the caller's), run in their own
+process group (ended as a whole: :func:`end_group`) and end with their parent (:func:`die_with_parent`, Linux: the
+kernel signals them when the thread that started them ends, so start episodes from a long-lived thread); the servers
+still running when the interpreter exits are ended by an ``atexit`` hook.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import signal
+import site
 import socket
 import sqlite3
 import stat
@@ -28,6 +37,8 @@ from typing import Any
 
 READY_TIMEOUT_S = 60.0
 VERIFY_TIMEOUT_S = 20.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+KEPT_VARIABLES = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL")
 
 
 @dataclass(frozen=True)
@@ -64,16 +75,13 @@ def build_database(path: str | os.PathLike, db_schema: dict[str, Any], sample_da
 
 
 def patched_code(code: str, db_path: str) -> str:
-    """The scenario's FastAPI code bound to ``db_path`` and mounted as MCP (AWM's ``_generate_server_code``)."""
-    lines = ["import os", "import warnings", 'warnings.filterwarnings("ignore", category=DeprecationWarning)']
+    """The scenario's FastAPI code bound to ``db_path`` (AWM's ``_generate_server_code``, whose ``uvicorn.run``
+    rewrite :mod:`.run_server` replaces)."""
+    lines = ["import warnings", 'warnings.filterwarnings("ignore", category=DeprecationWarning)']
     for line in code.split("\n"):
         if "create_engine(" in line:
             left = line.split("create_engine(")[0]
             line = f"{left}create_engine({f'sqlite:///{db_path}'!r}, connect_args={{'check_same_thread': False}})"
-        if "uvicorn.run(app" in line:
-            indent = line[: len(line) - len(line.lstrip())]
-            lines += [f"{indent}from fastapi_mcp import FastApiMCP", f"{indent}FastApiMCP(app).mount_http()"]
-            line = f"{indent}uvicorn.run(app, host='127.0.0.1', port=int(os.environ['PORT']), log_level='warning')"
         lines.append(line)
     return "\n".join(lines)
 
@@ -84,24 +92,92 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment of a scenario's server or verifier: only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` and
+    ``LC_ALL`` of the caller's, ``PYTHONPATH`` where deltattg is found (the caller's, and the folder holding
+    deltattg unless that is a site-packages folder, which would then shadow the standard library) and ``extra``."""
+    env = {key: os.environ[key] for key in KEPT_VARIABLES if key in os.environ}
+    root = Path(__file__).resolve().parents[3]
+    sites = {Path(folder).resolve() for folder in site.getsitepackages()}
+    paths = [os.environ.get("PYTHONPATH", ""), "" if root in sites else str(root)]
+    if any(paths):
+        env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    return env | extra
+
+
+def die_with_parent(parent: int, signum: int) -> None:
+    """In a child: have the kernel send ``signum`` when the parent dies (Linux ``PR_SET_PDEATHSIG``), and exit at once
+    when the parent ``parent`` is already gone (it died before the request)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signum)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def end_group(process: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """End ``process`` and the rest of its process group: SIGTERM, then SIGKILL after ``grace_s`` seconds (at once
+    when ``grace_s`` is 0); nothing when it has already been reaped."""
+    if process.poll() is not None:
+        return
+    try:
+        if grace_s > 0:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # reaped meanwhile (a zombie leader still counts as in its group)
+        pass
+    process.wait()
+
+
+_live: set[subprocess.Popen] = set()  # the servers running now
+
+
+@atexit.register
+def _end_live() -> None:
+    """End the servers their environments did not close before the interpreter exits."""
+    for process in list(_live):
+        end_group(process)
+
+
+def _tail(path: Path, chars: int = 400) -> str:
+    """The last ``chars`` characters of a log file, on one line."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " ".join(text[-chars:].split())
+
+
 class ServerError(RuntimeError):
     """The scenario's server did not come up, or went away."""
 
 
 class Server:
-    """The patched code running in its own process group on a free loopback port; ``stop()`` ends the group."""
+    """The patched code served by :mod:`.run_server` in its own process group on a free loopback port; ``stop()``
+    ends the group."""
 
     def __init__(self, code: str, db_path: Path, folder: Path, *, ready_timeout_s: float = READY_TIMEOUT_S):
         self.port = free_port()
         self.log_path = folder / "server.log"
         script = folder / "server.py"
         script.write_text(patched_code(code, str(db_path)))
-        env = {**os.environ, "PORT": str(self.port), "HOST": "127.0.0.1", "DATABASE_PATH": f"sqlite:///{db_path}"}
+        env = child_environment(PORT=str(self.port), DATABASE_PATH=f"sqlite:///{db_path}")
+        command = [sys.executable, "-m", "deltattg.envs.awm.run_server", str(script), str(self.port), str(os.getpid())]
         with open(self.log_path, "wb") as log:  # a file, not a pipe: a full pipe would block the server
-            self.process = subprocess.Popen([sys.executable, str(script)], cwd=folder, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)  # fmt: skip
-        self._wait_ready(ready_timeout_s)
+            self.process = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        _live.add(self.process)
+        try:
+            self._wait_ready(ready_timeout_s)
+        except ServerError:
+            self.stop()
+            raise
 
     @property
     def url(self) -> str:
@@ -110,12 +186,8 @@ class Server:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def log_tail(self, chars: int = 400) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return " ".join(text[-chars:].split())
+    def log_tail(self) -> str:
+        return _tail(self.log_path)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -128,40 +200,39 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.1)
-        self.stop()
         raise ServerError(f"the scenario's server did not listen within {timeout_s:g} s: {self.log_tail()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=5)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.process.wait()
+        end_group(self.process)
+        _live.discard(self.process)
 
 
 def verify(code: str, initial_db: Path, final_db: Path, final_answer: str | None, folder: Path, *,
            timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
     """The verifier's verdict: ``{"result": "complete" | "others", ...}``; ``"error"`` and the reason in
-    ``"error"`` when it raised, returned something else, or ran out of time."""
-    copies = []
+    ``"error"`` when it raised, exited, returned something else or ran out of time (then its whole process group is
+    killed). The verdict comes back in a file of its own, so nothing the verifier prints can hide it."""
+    folder, copies = folder.resolve(), []
     for source, name in ((initial_db, "verify_initial.db"), (final_db, "verify_final.db")):
         copy = folder / name
         shutil.copyfile(source, copy)
         os.chmod(copy, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         copies.append(str(copy))
+    verdict_path, log_path = folder / "verdict.json", folder / "verifier.log"
+    verdict_path.unlink(missing_ok=True)
     payload = {"code": code, "initial_db_path": copies[0], "final_db_path": copies[1], "final_answer": final_answer}
+    command = [sys.executable, "-m", "deltattg.envs.awm.run_verifier", str(verdict_path), str(os.getpid())]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, cwd=folder, env=child_environment(), stdin=subprocess.PIPE, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run([sys.executable, "-m", "deltattg.envs.awm.run_verifier"], input=json.dumps(payload),
-                              capture_output=True, text=True, timeout=timeout_s, cwd=folder)  # fmt: skip
+        process.communicate(json.dumps(payload).encode(), timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        end_group(process, grace_s=0)
         return {"result": "error", "error": f"the verifier ran past its {timeout_s:g} s limit"}
     try:
-        verdict = json.loads(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"result": "error", "error": f"the verifier printed no verdict: {' '.join(done.stderr.split())[-300:]}"}
+        verdict = json.loads(verdict_path.read_text())
+    except (OSError, ValueError):
+        return {"result": "error", "error": f"the verifier exited with status {process.returncode} without a "
+                                            f"verdict: {_tail(log_path, 300)}"}
     return verdict if isinstance(verdict, dict) else {"result": "error", "error": "not a verdict"}
