@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 
 VERL_VENV := .venv-verl
 
-.PHONY: install test test-fast demo bench bench-credit verl-env clean
+.PHONY: install test test-fast docs demo bench bench-credit verl-env clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 demo: install
 	$(VENV)/bin/deltattg demo --out runs/demo

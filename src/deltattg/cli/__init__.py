@@ -20,6 +20,17 @@ from deltattg.demo.cli import add_demo_parser
 from deltattg.train.cli import add_train_parser
 
 
+DOC_PAGES = {  # each command's page in docs/ (the site `make docs` builds), named at the end of its --help
+    "search-data": "environments.md", "serve-retriever": "environments.md", "awm-examples": "environments.md",
+    "collect": "environments.md", "guide": "guidance-evaluation.md#test-time-guidance-e5",
+    "evaluate": "guidance-evaluation.md#evaluation", "verl-tasks": "verl.md#add-deltattg-to-a-verl-run",
+    "train-meter": "concepts/meter.md", "score": "concepts/meter.md", "eval-meter": "concepts/meter.md",
+    "eval-steps": "concepts/meter.md", "labels": "concepts/labels.md", "credit": "concepts/credit.md",
+    "inspect": "concepts/credit.md#where-the-credit-goes-deltattg-inspect", "methods": "concepts/credit.md",
+    "train": "training.md#actor-training", "demo": "quickstart.md#the-demo",
+}  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deltattg",
@@ -31,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         stage.add_parsers(sub)
     add_train_parser(sub)  # RL with any estimator
     add_demo_parser(sub)  # all of it end to end
+    for name, command in sub.choices.items():
+        page = f"Documentation: docs/{DOC_PAGES[name]} in the repository (`make docs` builds the site)."
+        command.epilog = f"{command.epilog}\n\n{page}" if command.epilog else page
     return parser
 
 

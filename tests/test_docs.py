@@ -1,0 +1,65 @@
+"""The documentation: the site builds with --strict (a broken link or anchor fails), README stays short and its links
+resolve, every command's --help names a page that exists."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deltattg.cli import DOC_PAGES, build_parser
+
+REPO = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 250
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a Markdown page's headings, as the site (and GitHub) make them."""
+    from pymdownx.slugs import slugify
+
+    slug = slugify(case="lower")
+    text = re.sub(r"(?ms)^```.*?^```", "", page.read_text())
+    return {slug(m.group(1), "-") for m in re.finditer(r"(?m)^#{1,6} (.+)$", text)}
+
+
+def check_link(source: Path, target: str) -> str | None:
+    """Why a relative link of ``source`` does not resolve (None when it does)."""
+    if re.match(r"^[a-z]+:", target):
+        return None
+    path, _, anchor = target.partition("#")
+    page = (source.parent / path).resolve() if path else source
+    if not page.exists():
+        return f"{target}: no such file"
+    if anchor and page.suffix == ".md" and anchor not in anchors(page):
+        return f"{target}: {page.name} has no heading with that anchor"
+    return None
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    readme = REPO / "README.md"
+    assert len(readme.read_text().splitlines()) <= README_MAX_LINES
+    broken = [why for target in LINK.findall(readme.read_text()) if (why := check_link(readme, target))]
+    assert not broken
+
+
+def test_every_commands_help_names_a_page_of_the_docs():
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == set(DOC_PAGES)
+    docs = REPO / "docs"
+    broken = [f"{name}: {why}" for name, page in DOC_PAGES.items() if (why := check_link(docs / "index.md", page))]
+    assert not broken
+    assert all(f"docs/{DOC_PAGES[name]}" in command.format_help() for name, command in commands.items())
+
+
+@pytest.mark.slow  # ~10 s: the whole site with the API reference
+def test_the_site_builds_with_strict_checks(tmp_path):
+    pytest.importorskip("mkdocs", reason="the documentation needs the [docs] extra")
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                           cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "credit" / "index.html").is_file()
