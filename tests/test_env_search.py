@@ -285,11 +285,15 @@ def test_serve_retriever_refuses_what_it_cannot_serve_before_listening(corpus, a
 def test_the_server_answers_search_r1s_batch_of_2560_queries(server):
     """Search-R1's GRPO script sends every active rollout's query in one request: 2,560 of them, topk 3, with scores
     (its client then reads ``["result"]`` and would crash on an error answer)."""
+    import requests
+
     index, url = server
     queries = [f"{word} {k}" for k in range(512) for word in ("Hamlet", "Melbourne founded", "Menzies school",
                                                                  "Marion city", "nothing")]  # fmt: skip
-    status, answer = post(url, json.dumps({"queries": queries, "topk": 3, "return_scores": True}).encode())
-    assert status == 200 and len(answer["result"]) == 2560
+    # Search-R1's own client (search_r1/llm_agent/generation.py, _batch_search and _passages2string), as written
+    answer = requests.post(url + "/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
+    assert len(answer["result"]) == 2560
+    assert all(doc_item["document"]["contents"].split("\n")[0] for hits in answer["result"] for doc_item in hits)
     assert [[hit["document"]["id"] for hit in hits] for hits in answer["result"][:5]] == \
         [[p.id for p in hits] for hits in index.search(queries[:5], 3)]  # fmt: skip
 
