@@ -1,5 +1,6 @@
 """The documentation: the site builds with --strict (a broken link or anchor fails), README stays short and its links
-resolve, every command's --help names a page that exists."""
+resolve, every command's --help names a page that exists, every bash block is run by a test or says why not
+(``pytest tests/test_docs.py -v -k bash_block`` lists them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from deltattg.cli import DOC_PAGES, build_parser
+from docblocks import MARK, bash_blocks, documentation_pages
 
 REPO = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 250
@@ -63,3 +65,21 @@ def test_the_site_builds_with_strict_checks(tmp_path):
                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "credit" / "index.html").is_file()
+
+
+BLOCKS = [block for page in documentation_pages() for block in bash_blocks(page)]
+
+
+def block_id(block) -> str:
+    kind = "run" if block.mark.startswith("<!-- run by:") else "not-run" if block.mark else "unmarked"
+    return f"{block.where}:{kind}"
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=block_id)
+def test_every_bash_block_is_run_by_a_test_or_marked(block):
+    mark = MARK.match(block.mark)
+    assert mark, f"{block.where}: put '<!-- run by: tests/FILE.py::TEST -->' or '<!-- not run: REASON -->' above it"
+    if mark.group(2):  # run by: the test exists and reads this very block
+        source = (REPO / mark.group(2)).read_text()
+        assert re.search(rf"(?m)^def {mark.group(3)}\(", source), f"{block.where}: no test {mark.group(3)}"
+        assert f'marked_block("{block.page.relative_to(REPO)}"' in source, f"{block.where}: {mark.group(2)} does not read it"

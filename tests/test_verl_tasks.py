@@ -15,28 +15,26 @@ from typing import Any
 import pytest
 
 from conftest import exit_status, skip_here
+from docblocks import marked_block
 from deltattg.envs.base import StatesTask
 from deltattg.cli import main
 from deltattg.errors import InputError
 from deltattg.verl.tasks import AGENT_NAME, rebuild_task, task_of, write_parquet
 
 REPO = Path(__file__).resolve().parent.parent
-DOCUMENTED = (REPO / "README.md", REPO / "docs" / "verl.md")
 ALFWORLD_GAMES = 1  # per split: the documented commands run verbatim on every game there is (2-6 s to load one)
 BFCL_LIMIT = ["--limit", "3"]  # BFCL's 200 tasks ship with bfcl-eval: the recipe's commands get a --limit (last wins)
 
 
 def documented_commands(env: str) -> list[list[str]]:
-    """Every distinct ``deltattg verl-tasks --env ENV ...`` line of the README and docs/verl.md, as arguments of
-    ``main`` (shell comments dropped)."""
+    """Every distinct ``deltattg verl-tasks --env ENV ...`` command of the README's and docs/verl.md's blocks this
+    test runs (``docblocks``: the blocks marked as run by it), as arguments of ``main``."""
+    test = "test_the_documented_alfworld_commands_write_rows_the_agent_loop_plays"
     commands = []
-    for page in DOCUMENTED:
-        for line in page.read_text(encoding="utf-8").splitlines():
-            if not line.startswith("deltattg verl-tasks "):  # a command line in a code block (not prose)
-                continue
-            words = shlex.split(line, comments=True)
-            if words[:4] == ["deltattg", "verl-tasks", "--env", env] and words[1:] not in commands:
-                commands.append(words[1:])
+    for block in (marked_block("README.md", test), marked_block("docs/verl.md", test)):
+        for argv in block.commands():
+            if argv[:3] == ["verl-tasks", "--env", env] and argv not in commands:
+                commands.append(argv)
     return commands
 
 
