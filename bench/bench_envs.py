@@ -1,6 +1,6 @@
 """Environment steps per second: one function per environment; ``main`` runs those whose extras are installed.
 
-    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|search|alfworld|bfcl]
+    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|search|alfworld|bfcl] [--summary FILE]
 
 ALFWorld reads its game files from ``$ALFWORLD_DATA`` (the ``json_2.1.1`` layout) and is skipped without them; search
 reads ``$SEARCH_DATA``, a folder ``deltattg search-data`` wrote (``corpus.jsonl``, ``questions/``).
@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, help="episodes per benchmark (default: each benchmark's own)")
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)")
+    parser.add_argument("--summary", type=Path, help="also write the table as a summary (bench/summary.py)")
     args = parser.parse_args(argv)
     rows = [HEADER]
     for name in args.only or BENCHMARKS:
@@ -164,6 +167,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         except FileNotFoundError as error:  # an extra's data is missing (ALFWorld: $ALFWORLD_DATA)
             print(f"skipping {name}: {error}")
     print(_table(rows))
+    if args.summary:
+        from summary import table, write_summary
+
+        command = ["bench/bench_envs.py", *(sys.argv[1:] if argv is None else argv)]
+        write_summary(args.summary, "bench_envs", command, {"steps": table(HEADER, rows[1:])})
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ resolve, every command's --help names a page that exists, every bash block is ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -83,3 +84,33 @@ def test_every_bash_block_is_run_by_a_test_or_marked(block):
         source = (REPO / mark.group(2)).read_text()
         assert re.search(rf"(?m)^def {mark.group(3)}\(", source), f"{block.where}: no test {mark.group(3)}"
         assert f'marked_block("{block.page.relative_to(REPO)}"' in source, f"{block.where}: {mark.group(2)} does not read it"
+
+
+def summary_module():
+    """bench/summary.py (the results tables' generator), imported as the benchmarks import it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summary", REPO / "bench" / "summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_results_table_matches_its_committed_summary():
+    summary = summary_module()
+    stale = [str(page.relative_to(REPO)) for page in summary.pages()
+             if summary.regenerated(page.read_text(encoding="utf-8")) != page.read_text(encoding="utf-8")]  # fmt: skip
+    assert not stale, f"regenerate them: .venv/bin/python bench/summary.py ({', '.join(stale)})"
+
+
+def test_a_changed_number_in_a_generated_table_is_caught(tmp_path):
+    summary = summary_module()
+    (tmp_path / "bench_x.json").write_text(json.dumps({
+        "name": "bench_x", "command": "bench/bench_x.py", "commit": "0123456789abcdef", "date": "2026-12-03",
+        "machine": {"cpu": "CPU", "cores": 2, "load": 0.5, "torch": "2.13.0", "aten_capability": "AVX2"},
+        "tables": {"t": {"columns": ["arm", "final"], "rows": [["grpo", "41.0"]]}}}))  # fmt: skip
+    page = summary.regenerated("x\n<!-- results: bench_x/t -->\n<!-- /results -->\ny\n", tmp_path)
+    assert "| grpo | 41.0 |" in page and "`bench/bench_x.py` at 0123456789ab" in page
+    assert summary.regenerated(page, tmp_path) == page  # regeneration is stable ...
+    tampered = page.replace("41.0", "44.0")
+    assert summary.regenerated(tampered, tmp_path) == page != tampered  # ... and undoes a hand-edited number
