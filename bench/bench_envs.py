@@ -155,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)")
     parser.add_argument("--summary", type=Path, help="also write the table as a summary (bench/summary.py)")
     args = parser.parse_args(argv)
+    command = ["bench/bench_envs.py", *(sys.argv[1:] if argv is None else argv)]  # now: ALFWorld rewrites sys.argv
     rows = [HEADER]
     for name in args.only or BENCHMARKS:
         bench, modules = BENCHMARKS[name]
@@ -170,7 +171,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.summary:
         from summary import table, write_summary
 
-        command = ["bench/bench_envs.py", *(sys.argv[1:] if argv is None else argv)]
         write_summary(args.summary, "bench_envs", command, {"steps": table(HEADER, rows[1:])})
 
 
