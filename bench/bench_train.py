@@ -49,6 +49,7 @@ import concurrent.futures
 import dataclasses
 import json
 import math
+import shlex
 import shutil
 import statistics
 import sys
@@ -388,6 +389,12 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
         [f"**mixed** (--allow-mixed): {p}" for p in problems] if problems else [])
 
 
+ARMS_HEADER = ("arm", "start %", "final %", "area under curve %", "final − GRPO (points)", "area − GRPO (points)",
+               "steps to GRPO's final ÷ steps", "collapses", "s / step")
+TEST_HEADER = ("arm", "test final %", "test − GRPO (points)", "SD of the paired differences (points)",
+               "power at +3 points")
+
+
 def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple[str, dict]:
     revisions = check_stamps(args, arms)
     steps, curves, records = load_curves(args, arms)
@@ -422,8 +429,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "Greedy success after the last step on tasks of a split no setting was chosen on (deduplicated against the "
         "training and validation tasks); the paired differences' standard deviation, and the power a two-sided "
         f"paired t test over {len(args.seeds)} seeds has to find a true +3-point difference at that spread.",
-        markdown_table(("arm", "test final %", "test − GRPO (points)", "SD of the paired differences (points)",
-                        "power at +3 points"), test_rows),
+        markdown_table(TEST_HEADER, test_rows),
     ] if test_rows else []  # fmt: skip
     text = "\n\n".join([
         "# bench_train: credit methods on the household environment over paired seeds",
@@ -434,8 +440,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "difference whose interval includes 0 is no difference. Collapses: seeds whose held-out success fell to "
         f"≤ {100 * COLLAPSE_AT:.0f} % at an evaluation after the start.",
         "Code revisions: " + "; ".join(revisions) + ".",
-        markdown_table(("arm", "start %", "final %", "area under curve %", "final − GRPO (points)",
-                        "area − GRPO (points)", "steps to GRPO's final ÷ steps", "collapses", "s / step"), rows),  # fmt: skip
+        markdown_table(ARMS_HEADER, rows),
         f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
         "curve never reaches it (in the point estimate or a resample).",
         "![success curves](bench_train.png)",
@@ -452,7 +457,8 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
     figures = {"seeds": list(args.seeds), "steps": steps, "target": target, "revisions": revisions,
                "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times,
                "curves": {name: c.tolist() for name, c in curves.items()},
-               "test": {name: values.tolist() for name, values in tests.items()}}  # fmt: skip
+               "test": {name: values.tolist() for name, values in tests.items()},
+               "tables": {"arms": (ARMS_HEADER, rows), "test": (TEST_HEADER, test_rows)}}  # fmt: skip
     return text + "\n", figures
 
 
@@ -638,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "left, each label source an arm reads, the generative meter when an arm reads it) and the "
                         "labels themselves against the outcome and the planner, on the held-out pool states")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
+    parser.add_argument("--summary", type=Path, help="also write the comparison's tables as a summary "
+                        "(bench/summary.py; what the docs' results tables are generated from)")
     args = parser.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: name each seed once")
@@ -676,7 +684,13 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
     text, figures = report(args, arms, command)
     plot(figures["steps"], {k: np.array(v) for k, v in figures["curves"].items()}, args.out / "bench_train.png")
     (args.out / "bench_train.md").write_text(text)
+    tables = figures.pop("tables")
     (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
+    if args.summary:
+        from summary import table, write_summary
+
+        write_summary(args.summary, "bench_train", shlex.split(command),
+                      {name: table(*columns_rows) for name, columns_rows in tables.items()})
     return text
 
 

@@ -51,7 +51,12 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     write_run(tmp_path / "seed-1" / "grpo", [0.3, 0.4, 0.5], [1.0, 2.0], test=0.5)
     write_run(tmp_path / "seed-0" / "gigpo", [0.2, 0.5, 0.6], [2.0, 3.0], test=0.5)
     write_run(tmp_path / "seed-1" / "gigpo", [0.3, 0.4, 0.5], [4.0, 3.0], test=0.8)
-    bench_train.main(["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only"])
+    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_train.py` runs: bench/summary.py importable
+    try:
+        bench_train.main(["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only",
+                          "--summary", str(tmp_path / "summary.json")])  # fmt: skip
+    finally:
+        sys.path.remove(str(REPO / "bench"))
     table = (tmp_path / "bench_train.md").read_text()
     summary = [line.split(" | ") for line in table.splitlines() if line.startswith("| g")][:2]  # then per-seed rows
     rows = {cells[0].strip("| "): cells for cells in summary}
@@ -67,6 +72,10 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     assert 0 < float(cells[4]) < 1
     assert (tmp_path / "bench_train.png").stat().st_size > 0
     assert "adding the grpo arm" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "summary.json").read_text())  # what the docs' tables are generated from
+    assert summary["name"] == "bench_train" and summary["command"].endswith("--summary " + str(tmp_path / "summary.json"))
+    assert summary["tables"]["arms"]["rows"][1][4] == "+10.0 [−117.1, +137.1] p=1.000"
+    assert summary["tables"]["test"]["columns"][2] == "test − GRPO (points)" and summary["machine"]["cores"] >= 1
     text = (tmp_path / "bench_train.json").read_text()  # strict JSON: no NaN or Infinity tokens (two seeds: some
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in bench_train.json"))  # bounds are ∞)
 
