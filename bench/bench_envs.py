@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"skipping {name}: {error}")
     print(_table(rows))
     if args.summary:
-        from summary import table, write_summary
+        from deltattg.summaries import table, write_summary
 
         write_summary(args.summary, "bench_envs", command, {"steps": table(HEADER, rows[1:])})
 

@@ -687,7 +687,7 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
     tables = figures.pop("tables")
     (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
     if args.summary:
-        from summary import table, write_summary
+        from deltattg.summaries import table, write_summary
 
         write_summary(args.summary, "bench_train", shlex.split(command),
                       {name: table(*columns_rows) for name, columns_rows in tables.items()})

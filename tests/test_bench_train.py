@@ -51,12 +51,8 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     write_run(tmp_path / "seed-1" / "grpo", [0.3, 0.4, 0.5], [1.0, 2.0], test=0.5)
     write_run(tmp_path / "seed-0" / "gigpo", [0.2, 0.5, 0.6], [2.0, 3.0], test=0.5)
     write_run(tmp_path / "seed-1" / "gigpo", [0.3, 0.4, 0.5], [4.0, 3.0], test=0.8)
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_train.py` runs: bench/summary.py importable
-    try:
-        bench_train.main(["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only",
-                          "--summary", str(tmp_path / "summary.json")])  # fmt: skip
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    bench_train.main(["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only",
+                      "--summary", str(tmp_path / "summary.json")])
     table = (tmp_path / "bench_train.md").read_text()
     summary = [line.split(" | ") for line in table.splitlines() if line.startswith("| g")][:2]  # then per-seed rows
     rows = {cells[0].strip("| "): cells for cells in summary}

@@ -80,6 +80,19 @@ def test_console_summary_has_both_methods_and_the_guidance_table(demo):
         assert condition in printed
 
 
+def test_the_run_writes_its_numbers_as_a_stamped_summary(demo):
+    """``summary.json``: the report's tables as the docs' results tables are generated from them, with the command."""
+    out, _ = demo
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["name"] == "demo" and summary["command"].startswith("deltattg demo --quick --out ")
+    assert {"stages", "rl", "guidance", "credit"} <= set(summary["tables"])
+    report = (out / "report.md").read_text()
+    rl = summary["tables"]["rl"]
+    assert len(rl["rows"]) == len(RegimeConfig().arms)
+    assert all("| " + " | ".join(row) + " |" in report for row in rl["rows"])  # the report's own numbers
+    assert summary["machine"]["aten_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
 def test_the_demo_leaves_the_process_as_it_found_it(demo):
     """It flushes denormals and sets torch threads while it runs; afterwards subnormal floats exist again (hypothesis,
     later in the same pytest process, refuses to run without them) and the thread count is what it was."""

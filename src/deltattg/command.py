@@ -73,6 +73,8 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
     """Parse ``argv`` and run the chosen ``func``: bad input and bad option combinations end with ``PROG COMMAND:
     error: ...`` and exit status 2 (shared by ``deltattg`` and the subcommands that also run on their own)."""
     args = parser.parse_args(argv)
+    # the command line as typed (the program and its arguments), for what a command records of itself
+    args.command_line = [*parser.prog.split(), *(sys.argv[1:] if argv is None else argv)]
     prog = " ".join(filter(None, [parser.prog, getattr(args, "command", None)]))
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from deltattg.command import UsageError, number, run_parsed, seed_int
@@ -72,7 +73,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     error, exit 2)."""
     from deltattg.regime.config import regime_config
     from deltattg.demo.pipeline import run_demo
-    from deltattg.demo.report import summary_table, write_report
+    from deltattg.demo.report import SUMMARY_FILE, summary_table, summary_tables, write_report
+    from deltattg.summaries import write_summary
 
     try:
         config = regime_config(quick=args.quick, model=args.model, env=args.env, data_dir=args.data, seed=args.seed,
@@ -84,6 +86,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ImportError) as exc:  # missing game files or a missing extra
         raise UsageError(str(exc)) from exc
     report = write_report(result)
+    write_summary(Path(args.out) / SUMMARY_FILE, "demo", args.command_line, summary_tables(result))
     print(summary_table(result))
     print(f"\nreport: {report} (total {sum(result.timings.values()):.0f} s)", file=sys.stderr)
     return 0

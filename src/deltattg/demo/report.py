@@ -34,6 +34,7 @@ def label(arm: str) -> str:
 def color(arm: str, index: int = 0) -> str:
     return COLORS.get(arm, PALETTE[index % len(PALETTE)])
 SUCCESS_PLOT, METER_PLOT = "success.png", "meter_fit.png"
+SUMMARY_FILE = "summary.json"  # the run's tables, stamped (deltattg.summaries): what the docs' demo tables come from
 CREDIT_DIR = "credit"  # deltattg inspect's report of the demo's credit: inspect.md, inspect.json, inspect.png
 TRAIN_WINDOW = 5  # steps averaged for the "training success at the end" column
 
@@ -137,6 +138,25 @@ def rl_rows(summaries: Sequence[RunSummary]) -> list[list[str]]:
     return [[label(s.method), f"{percent(s.greedy_start)} → {percent(s.greedy_final)}",
              f"{percent(s.sampled_start)} → {percent(s.sampled_final)}", percent(s.train_final),
              f"{s.seconds_per_step:.2f}", f"{100 * s.meter_share:.1f}%"] for s in summaries]  # fmt: skip
+
+
+def summary_tables(result: DemoResult) -> dict[str, dict]:
+    """The run's numbers as summary tables (``deltattg.summaries``; ``summary.json``, what the docs' demo tables are
+    generated from): stage times, credit precision, the RL arms and test-time selection."""
+    from deltattg.summaries import table
+
+    config = result.config
+    summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
+    timings = [[name, f"{seconds:.1f}"] for name, seconds in result.timings.items()]
+    timings.append(["total", f"{sum(result.timings.values()):.1f}"])
+    tables = {"stages": table(("stage", "wall time (s)"), timings), "rl": table(RL_HEADER, rl_rows(summaries)),
+              "guidance": table(guidance_header(config.candidates),
+                                [guidance_row("base", config.eval_split, result.guidance)])}  # fmt: skip
+    if result.credit is not None and result.credit.precision:
+        tables["credit"] = table(("arm", "positive credit on progress steps %", "negative credit elsewhere %"),
+                                 [[arm, percent(p.positive_on_progress), percent(p.negative_off_progress)]
+                                  for arm, p in result.credit.precision.items()])  # fmt: skip
+    return tables
 
 
 def summary_table(result: DemoResult) -> str:
