@@ -114,3 +114,23 @@ def test_a_changed_number_in_a_generated_table_is_caught(tmp_path):
     assert summary.regenerated(page, tmp_path) == page  # regeneration is stable ...
     tampered = page.replace("41.0", "44.0")
     assert summary.regenerated(tampered, tmp_path) == page != tampered  # ... and undoes a hand-edited number
+
+
+def test_the_equations_page_names_functions_that_exist():
+    """docs/concepts/equations.md points at the code of each equation: every dotted name there resolves."""
+    import importlib
+
+    names = re.findall(r"`(deltattg(?:\.\w+)+)", (REPO / "docs" / "concepts" / "equations.md").read_text())
+    assert len(names) > 15
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                target = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attribute in parts[cut:]:
+                target = getattr(target, attribute)
+            break
+        else:
+            pytest.fail(f"{name}: no such module")
