@@ -45,8 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--alfworld", help="the ALFWorld json_2.1.1 folder (ALFWorld is skipped without it)")
     parser.add_argument("--search", help="a closed search set as `deltattg search-data` writes it (questions/ and "
                         "corpus.jsonl; search is skipped without it)")
+    parser.add_argument("--summary", help="also write the table as a summary (deltattg.summaries; the docs' tables)")
     args = parser.parse_args(argv)
+    command = ["bench/bench_replay.py", *(sys.argv[1:] if argv is None else argv)]  # before ALFWorld rewrites argv
     specs = [parse_policy("expert:0.3"), parse_policy("random")]
+    rows = []
     for name, (make_env, split, turns) in environments(args).items():
         if args.envs and name not in args.envs:
             continue
@@ -62,6 +65,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:10s} {len(pool):4d} records  {replayed:5d} / {states:5d} states replayed "
               f"({100 * replayed / max(states, 1):.1f} %)  {1000 * seconds / max(replayed, 1):.1f} ms per state"
               + (f"  causes: {dict(causes)}" if causes else ""), flush=True)
+        rows.append([name, len(pool), f"{replayed} / {states}", f"{100 * replayed / max(states, 1):.1f}",
+                     f"{1000 * seconds / max(replayed, 1):.1f}", ", ".join(f"{k}: {n}" for k, n in causes.items()) or "–"])
+    if args.summary:
+        from deltattg.summaries import table, write_summary
+
+        header = ("environment", "records", "states replayed", "replayed %", "ms per state", "mismatches")
+        write_summary(args.summary, "bench_replay", command, {"replay": table(header, rows)})
 
 
 if __name__ == "__main__":
