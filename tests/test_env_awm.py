@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -427,6 +428,20 @@ def test_verifiers_get_awms_preloaded_modules_and_none_of_the_callers_variables(
             "    ok = count == 0 and clean and re.fullmatch(r'done', final_answer) and json.loads('[1]') == [1]\n"
             "    return {'result': 'complete' if ok else 'others'}\n")  # fmt: skip
     assert verify(code, db, db, "done", tmp_path) == {"result": "complete"}
+
+
+def test_our_example_verifiers_judge_a_database_the_agent_broke_without_failing(tmp_path, release):
+    """notes/2 ("the body of my note 'Wifi'") read the body from the final database: an agent that renamed or
+    deleted the note made the verifier raise (a verifier error) instead of answering "others"."""
+    scenario = read_release(release).scenarios["notes"]
+    before, after = tmp_path / "before.db", tmp_path / "after.db"
+    build_database(before, scenario.db_schema, scenario.sample_data)
+    build_database(after, scenario.db_schema, scenario.sample_data)
+    with sqlite3.connect(after) as db:
+        db.execute("DELETE FROM notes WHERE title = 'Wifi'")
+    for k, code in scenario.verifiers.items():
+        verdict = verify(code, before, after, "", tmp_path)
+        assert verdict["result"] == "others", (k, verdict)
 
 
 def test_a_verifier_that_prints_exits_or_breaks_gives_its_verdict_or_an_error(tmp_path, release, caplog):
