@@ -30,7 +30,8 @@ def render(summary: dict[str, Any], name: str) -> str:
     lines = ["| " + " | ".join(data["columns"]) + " |", "|" + "---|" * len(data["columns"])]
     lines += ["| " + " | ".join(row) + " |" for row in data["rows"]]
     box = summary["machine"]
-    commit = str(summary["commit"] or "unknown revision")[:12]
+    commit = str(summary["commit"] or "unknown revision")
+    commit = commit[:12] + ("+dirty" if "+dirty" in commit else "")  # uncommitted changes: said, not hidden
     lines += ["", f"<sub>`{summary['command']}` at {commit}, {summary['date']}; {box['cpu']}, {box['cores']} cores "
                   f"(load {box['load']}), torch {box['torch']} ({box['aten_capability']}).</sub>", ""]  # fmt: skip
     return "\n".join(lines)
