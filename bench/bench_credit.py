@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -393,6 +394,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch intra-op threads; 0 = torch's default. 1 by default: on a small shared CPU, multi-threaded "
                         "kernels stall on descheduled peers and the timings become meaningless")
     p.add_argument("--profile", action="store_true", help="also print a per-stage breakdown and the torch ops of (a)")
+    p.add_argument("--summary", help="also write the timings and ratios as a summary (deltattg.summaries)")
     args = p.parse_args(argv)
     sizes = (args.prompts, args.rollouts, args.max_steps, args.response_len, args.repeats)
     if min(sizes) < 1 or min(args.warmup, args.threads, args.invalid_readings) < 0:
@@ -433,8 +435,18 @@ def main(argv: list[str] | None = None) -> None:
         print(torch_ops(estimators(flat, trajs, config, None)[DELTATTG]))
 
     print("\n" + table(timings))
-    for line in ratio_lines(timings, verl_present=verl_grpo is not None):
+    ratios = ratio_lines(timings, verl_present=verl_grpo is not None)
+    for line in ratios:
         print(line)
+    if args.summary:
+        from deltattg.summaries import table as summary_table, write_summary
+
+        rows = [[t.name, f"{t.median * 1e3:.3f}", f"{t.best * 1e3:.3f}", f"{t.cpu_median * 1e3:.3f}"] for t in timings]
+        measured = [line.rsplit(": ", 1) for line in ratios if ": " in line and not line.startswith("goals")]
+        command = ["bench/bench_credit.py", *(sys.argv[1:] if argv is None else argv)]
+        write_summary(args.summary, "bench_credit", command, {
+            "timings": summary_table(("estimator", "median ms", "min ms", "cpu median ms"), rows),
+            "ratios": summary_table(("ratio", "value"), measured)})  # fmt: skip
 
 
 def ratio_lines(timings: list[Timing], verl_present: bool) -> list[str]:
