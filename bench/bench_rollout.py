@@ -213,6 +213,7 @@ def main() -> None:
     parser.add_argument("--prefix-cache", type=int, metavar="N", help="compare --prefix-cache N with batched prompts")
     parser.add_argument("--env", default="household", help="--prefix-cache: household, bfcl or tau2")
     parser.add_argument("--split", default="train", help="--prefix-cache: the task split")
+    parser.add_argument("--summary", help="the throughput table also as a summary (deltattg.summaries)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -229,12 +230,21 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.episodes} episodes x <= {args.turns} "
           f"turns, <= {args.max_new_tokens} new tokens per action, household short config")
     print(f"{'actor':>14}  {'tokens':>7}  {'actions':>7}  {'wall s':>7}  {'tokens/s':>9}  {'actions/s':>9}  {'env share':>9}")
+    rows = []
     for build in builders:
         policy = build(args.max_new_tokens)
         measure(policy, 2, 1)  # warm-up
         tokens, actions, seconds, env_seconds = measure(policy, args.episodes, args.turns)
         print(f"{policy.name:>14}  {tokens:>7}  {actions:>7}  {seconds:>7.2f}  {tokens / seconds:>9.1f}  "
               f"{actions / seconds:>9.1f}  {100 * env_seconds / seconds:>8.2f}%")
+        rows.append([policy.name, tokens, actions, f"{seconds:.2f}", f"{tokens / seconds:.1f}", f"{actions / seconds:.1f}",
+                     f"{100 * env_seconds / seconds:.2f}"])  # fmt: skip
+    if args.summary:
+        from deltattg.summaries import table, write_summary
+
+        header = ("actor", "tokens", "actions", "wall s", "tokens/s", "actions/s", "environment share %")
+        write_summary(args.summary, "bench_rollout", ["bench/bench_rollout.py", *sys.argv[1:]],
+                      {"throughput": table(header, rows)})
 
 
 if __name__ == "__main__":
