@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("fastapi_mcp", reason="the awm environment needs the [awm] extra")
 pytest.importorskip("mcp")
 
-from conftest import exit_status, skip_here  # noqa: E402
+from conftest import exit_status, save_household_tokenizer, skip_here  # noqa: E402
 
 from deltattg.cli import main  # noqa: E402
 from deltattg.envs.awm import AWMEnv  # noqa: E402
@@ -415,6 +415,11 @@ def test_the_expert_is_refused_up_front_on_a_release_without_gold_calls(release,
     assert "deltattg_gold.jsonl, which is missing" in capsys.readouterr().err
     assert not (tmp_path / "p").exists() and not (tmp_path / "ev").exists()
     assert exit_status([*collect, "--policy", "random", "--out", str(tmp_path / "r")]) == 0  # other policies play
+    tokenizer = save_household_tokenizer(tmp_path / "tok")  # labels count the completions' tokens in it
+    assert exit_status(["labels", str(tmp_path / "r"), "--labels", "best-of-k", "--completer", "expert",
+                        "--completions", "1", "--tokenizer", str(tokenizer), "--out", str(tmp_path / "L")]) == 2
+    assert "--completer expert: " in (err := capsys.readouterr().err) and "deltattg_gold.jsonl, which is missing" in err
+    assert not (tmp_path / "L").exists()
 
 
 def test_verifiers_get_awms_preloaded_modules_and_none_of_the_callers_variables(tmp_path, release, monkeypatch):

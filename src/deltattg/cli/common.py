@@ -4,6 +4,7 @@ trajectory file, a tokenizer by spec, and the environment and rollout options.""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -267,6 +268,7 @@ def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, pa
     an earlier run left it; a ``cache`` may hold other trajectories' labels too); returns ``(labels by trajectory
     id, LabelReport)``."""
     from deltattg.data.tokens import ActionTokens, located_step_tokens
+    from deltattg.rollout.collect import parse_policy
     from deltattg.rollout.label_sources import make_labels
 
     settings = label_settings(args)
@@ -278,12 +280,42 @@ def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, pa
                              "NAME_OR_PATH (the one the records' step_tokens were counted with)")
         count_action = ActionTokens(tokenizer)
         make_env = labelling_environment(args)
+        if parse_policy(settings.completer).kind == "expert":
+            check_expert_on_records(items, make_env)
         completer = _completer(args, settings, make_env)
     if settings.bootstrap_meter:
         bootstrap = _bootstrap(settings.bootstrap_meter, args.tokenizer)
     return make_labels(items, tokens, settings, path, completer=completer, count_action=count_action,
                        bootstrap=bootstrap, make_env=make_env, max_turns=args.max_turns, keep_others=cache,
                        progress=getattr(args, "progress", True))
+
+
+def check_expert_on_records(items: Sequence, make_env: Any) -> None:
+    """Refuse an expert completer, before any completion, on records whose environment has no expert for their tasks
+    (an AWM release without gold calls): the environment ``--env`` names, else each record's own description."""
+    from deltattg.envs.base import Task
+    from deltattg.envs.registry import rebuild
+
+    tasks: dict[str, tuple[Any, list[Task]]] = {}
+    for item in items:
+        extra = item.trajectory.extra or {}
+        task, env = extra.get("task"), extra.get("env")
+        if not isinstance(task, dict) or "id" not in task or (make_env is None and not isinstance(env, dict)):
+            continue
+        key = "--env" if make_env is not None else json.dumps(env, sort_keys=True, default=str)
+        factory = make_env if make_env is not None else tasks.get(key, (None,))[0]
+        if factory is None:
+            try:
+                factory = rebuild(env)
+            except (ValueError, ImportError, OSError):
+                continue  # the completion stage names an environment it cannot rebuild
+        tasks.setdefault(key, (factory, []))[1].append(Task(str(task["id"]), str(task.get("split", "")),
+                                                             dict(task.get("data") or {})))  # fmt: skip
+    for factory, chosen in tasks.values():
+        try:
+            check_expert(["expert"], factory(), chosen)
+        except ValueError as exc:
+            raise UsageError(f"--completer expert: {exc}") from None
 
 
 def labelling_environment(args: argparse.Namespace):
