@@ -10,6 +10,7 @@ come back must be those of the core estimator on the same trajectories.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -433,19 +434,25 @@ class _RaisingMeter:
         raise ConnectionError("meter process died")
 
 
-@pytest.mark.parametrize("fault", ["http 500", "raises"])
-def test_a_failing_meter_makes_the_groups_keep_their_grpo_advantages(fault, tokenizer, memory_tq):
-    episodes = collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
+@contextlib.contextmanager
+def failing_meter(fault: str):
+    """A meter that fails: an endpoint on loopback answering HTTP 500 (``"http 500"``), or one that raises."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FailingMeterHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        meter = (EndpointMeter(f"http://127.0.0.1:{server.server_address[1]}/v1", "meter", timeout_s=5.0)
-                 if fault == "http 500" else _RaisingMeter())  # fmt: skip
+        yield (EndpointMeter(f"http://127.0.0.1:{server.server_address[1]}/v1", "meter", timeout_s=5.0)
+               if fault == "http 500" else _RaisingMeter())  # fmt: skip
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["http 500", "raises"])
+def test_a_failing_meter_makes_the_groups_keep_their_grpo_advantages(fault, tokenizer, memory_tq):
+    episodes = collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
+    with failing_meter(fault) as meter:
         trainer = trainer_for("deltattg", tokenizer, meter)
         metrics: dict = {}
         trainer._compute_advantage(memory_tq.meta(), metrics)
-    finally:
-        server.shutdown()
     grpo = core_credit("grpo", episodes, None)
     for key, want in grpo.items():
         assert memory_tq.rows[("train", key)]["advantages"].tolist() == pytest.approx(want, abs=1e-6)
@@ -458,11 +465,7 @@ def test_a_meter_that_keeps_failing_stops_the_run(fault, tokenizer, memory_tq):
     """``max_failed_meter_steps`` consecutive steps without a valid reading stop training (it would be GRPO under
     DeltaTTG's name); a step with valid readings in between starts the count again."""
     collect_rows(tokenizer, HouseholdEnv(ENV).tasks("train")[:1])
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FailingMeterHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        failing = (EndpointMeter(f"http://127.0.0.1:{server.server_address[1]}/v1", "meter", timeout_s=5.0)
-                   if fault == "http 500" else _RaisingMeter())  # fmt: skip
+    with failing_meter(fault) as failing:
         trainer = trainer_for("deltattg", tokenizer, failing)
         trainer.deltattg_watch = MeterWatch(2)
         trainer._compute_advantage(memory_tq.meta(), {})  # one failed step: training goes on
@@ -472,8 +475,6 @@ def test_a_meter_that_keeps_failing_stops_the_run(fault, tokenizer, memory_tq):
         trainer._compute_advantage(memory_tq.meta(), {})
         with pytest.raises(MeterFailing, match="2 consecutive training steps .*max_failed_meter_steps"):
             trainer._compute_advantage(memory_tq.meta(), {})
-    finally:
-        server.shutdown()
 
 
 def test_a_method_that_needs_the_failure_cost_is_refused_when_the_trainer_is_built():

@@ -293,27 +293,23 @@ def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, pa
 def check_expert_on_records(items: Sequence, make_env: Any) -> None:
     """Refuse an expert completer, before any completion, on records whose environment has no expert for their tasks
     (an AWM release without gold calls): the environment ``--env`` names, else each record's own description."""
-    from deltattg.envs.base import Task
     from deltattg.envs.registry import rebuild
+    from deltattg.envs.replay import recorded_task
 
-    tasks: dict[str, tuple[Any, list[Task]]] = {}
+    by_environment: dict[str, tuple[Any, list]] = {}
     for item in items:
-        extra = item.trajectory.extra or {}
-        task, env = extra.get("task"), extra.get("env")
-        if not isinstance(task, dict) or "id" not in task or (make_env is None and not isinstance(env, dict)):
-            continue
-        key = "--env" if make_env is not None else json.dumps(env, sort_keys=True, default=str)
-        factory = make_env if make_env is not None else tasks.get(key, (None,))[0]
-        if factory is None:
-            try:
-                factory = rebuild(env)
-            except (ValueError, ImportError, OSError):
-                continue  # the completion stage names an environment it cannot rebuild
-        tasks.setdefault(key, (factory, []))[1].append(Task(str(task["id"]), str(task.get("split", "")),
-                                                             dict(task.get("data") or {})))  # fmt: skip
-    for factory, chosen in tasks.values():
+        description = item.trajectory.extra.get("env")
+        key = "--env" if make_env is not None else json.dumps(description, sort_keys=True, default=str)
         try:
-            check_expert(["expert"], factory(), chosen)
+            task = recorded_task(item.trajectory)
+            if key not in by_environment:
+                by_environment[key] = (make_env or rebuild(description), [])
+        except (ValueError, TypeError, ImportError, OSError):
+            continue  # the completion stage names what is wrong with such a record
+        by_environment[key][1].append(task)
+    for factory, tasks in by_environment.values():
+        try:
+            check_expert(["expert"], factory(), tasks)
         except ValueError as exc:
             raise UsageError(f"--completer expert: {exc}") from None
 
