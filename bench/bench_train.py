@@ -431,6 +431,9 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         f"paired t test over {len(args.seeds)} seeds has to find a true +3-point difference at that spread.",
         markdown_table(TEST_HEADER, test_rows),
     ] if test_rows else []  # fmt: skip
+    training_header = ("arm", *(name for name, _, _, _ in TRAINING_READINGS))
+    training_rows = [[name, *training_readings(runs)] for name, runs in records.items()]
+    seed_header = ("arm", "seed", "start %", "final %", "area %", f"first step ≥ {100 * target:.1f} %")
     text = "\n\n".join([
         "# bench_train: credit methods on the household environment over paired seeds",
         f"`{command}` — seeds {list(args.seeds)}, {steps[-1]} steps per run, greedy evaluation on {tasks} held-out "
@@ -449,16 +452,16 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "Per arm, the mean over seeds of each run's mean: the actor's entropy and the trajectories with A = 0 per step "
         "(64 rollouts) over the last 10 steps; over every step, the largest step's share of a trajectory's credit, "
         "how much of its credit moved from GRPO's token shares (0 for GRPO) and the trust τ of deltattg_robust.",
-        markdown_table(("arm", *(name for name, _, _, _ in TRAINING_READINGS)),
-                       [[name, *training_readings(runs)] for name, runs in records.items()]),  # fmt: skip
+        markdown_table(training_header, training_rows),
         "## Per seed",
-        markdown_table(("arm", "seed", "start %", "final %", "area %", f"first step ≥ {100 * target:.1f} %"), seed_rows),
+        markdown_table(seed_header, seed_rows),
     ])  # fmt: skip
     figures = {"seeds": list(args.seeds), "steps": steps, "target": target, "revisions": revisions,
                "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times,
                "curves": {name: c.tolist() for name, c in curves.items()},
                "test": {name: values.tolist() for name, values in tests.items()},
-               "tables": {"arms": (ARMS_HEADER, rows), "test": (TEST_HEADER, test_rows)}}  # fmt: skip
+               "tables": {"arms": (ARMS_HEADER, rows), "test": (TEST_HEADER, test_rows),
+                          "training": (training_header, training_rows), "seeds": (seed_header, seed_rows)}}  # fmt: skip
     return text + "\n", figures
 
 
@@ -485,17 +488,25 @@ def interleaved_step_times(args: argparse.Namespace, variants: dict[str, Sequenc
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def speed(args: argparse.Namespace) -> str:
+SPEED_COLUMNS = ("step", "median ms per training row", "÷ old")
+
+
+def speed(args: argparse.Namespace) -> tuple[str, dict]:
     """Median training-step time of the old and the new step, interleaved old-new-new-old (module doc)."""
     grpo = ("algo.method=grpo",)
     variants = {"old": (*grpo, *OLD_STEP), "new": (*grpo, *NEW_STEP)}
     times = interleaved_step_times(args, variants, args.speed, meters=Meters())
     old, new = times["old"], times["new"]
-    return (f"median step time per training row over {2 * args.speed} steps each (seed {args.seeds[0]}, one thread): "
+    text = (f"median step time per training row over {2 * args.speed} steps each (seed {args.seeds[0]}, one thread): "
             f"old {1000 * old:.2f} ms, new {1000 * new:.2f} ms; new ÷ old = {new / old:.3f} ({old / new:.2f}x faster)")
+    rows = [[name, f"{1000 * value:.2f}", f"{value / old:.3f}"] for name, value in times.items()]
+    return text, {"speed": (SPEED_COLUMNS, rows)}
 
 
-def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
+OVERHEAD_COLUMNS = ("arm", "median ms per training row", "÷ first arm's")
+
+
+def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str, dict]:
     """Each arm's step time ÷ GRPO's, N steps each, interleaved (``--overhead N``)."""
     folder = args.out / f"seed-{args.seeds[0]}"
     variants = {arm.name: tuple(arm.overrides(folder / "meter")) for arm in arms}
@@ -504,11 +515,12 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     lines = [f"median step time per training row over {2 * args.overhead} steps each (seed {args.seeds[0]}, one "
              f"thread), ÷ {arms[0].name}'s:"]
     lines += [f"  {name:28s} {1000 * value:7.2f} ms  {value / base:.2f}x" for name, value in times.items()]
-    return "\n".join(lines)
+    rows = [[name, f"{1000 * value:.2f}", f"{value / base:.2f}"] for name, value in times.items()]
+    return "\n".join(lines), {"overhead": (OVERHEAD_COLUMNS, rows)}
 
 
 # ---- the meters against the planner -------------------------------------------------------------------------------
-def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
+def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str, dict]:
     """Per seed, on the held-out pool tasks' states: the outcome meter (turns left in its input) beside one trained on
     the same pool without them, a meter per label source the arms read (and those labels themselves), the generative
     meter when an arm reads it, and the oracle — each against the trajectory's outcome and against the planner
@@ -563,7 +575,7 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     header = ("meter (label source)", "completion acc. %", "on successes %", "on failures %",
               "b balanced acc. vs planner", "Spearman v̂ vs planner's v", "Spearman vs true TTG (successes)",
               "ECE of p̃")  # fmt: skip
-    return "\n\n".join([
+    text = "\n\n".join([
         f"Held-out pool states, mean over seeds {list(args.seeds)} (each seed: its own actor, pool and meters). "
         "Completion accuracy: b̂ against the trajectory's outcome (the outcome labels), overall and on the successful "
         "and the failed trajectories' states. Against the planner (the oracle meter: the optimal plan fits in the "
@@ -572,6 +584,7 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> str:
         f"Label sources complete with {seed_config(args, args.seeds[0]).label_completer!r} "
         f"(K = {seed_config(args, args.seeds[0]).label_completions}); 'labels: X' rows read the labels themselves.",
         markdown_table(header, table)])  # fmt: skip
+    return text, {"meters": (header, table)}
 
 
 def mean_of(values: Sequence[float]) -> float:
@@ -644,8 +657,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "left, each label source an arm reads, the generative meter when an arm reads it) and the "
                         "labels themselves against the outcome and the planner, on the held-out pool states")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
-    parser.add_argument("--summary", type=Path, help="also write the comparison's tables as a summary "
-                        "(bench/summary.py; what the docs' results tables are generated from)")
+    parser.add_argument("--summary", type=Path, help="also write the tables as a summary (bench/summary.py; what the "
+                        "docs' results tables are generated from): arms, test, training and seeds of a comparison; "
+                        "speed, overhead or meters with --speed, --overhead or --meter-fit")
     args = parser.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: name each seed once")
@@ -672,20 +686,21 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
-    """What the command line asks for; returns what to print."""
+    """What the command line asks for; returns what to print (and writes ``--summary``)."""
     if args.speed:
-        return speed(args)
-    if args.overhead:
-        return overhead(args, arms)
-    if args.meter_fit:
-        return meter_fit_report(args, arms)
-    if not args.report_only:
-        run_all(args, arms)
-    text, figures = report(args, arms, command)
-    plot(figures["steps"], {k: np.array(v) for k, v in figures["curves"].items()}, args.out / "bench_train.png")
-    (args.out / "bench_train.md").write_text(text)
-    tables = figures.pop("tables")
-    (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
+        text, tables = speed(args)
+    elif args.overhead:
+        text, tables = overhead(args, arms)
+    elif args.meter_fit:
+        text, tables = meter_fit_report(args, arms)
+    else:
+        if not args.report_only:
+            run_all(args, arms)
+        text, figures = report(args, arms, command)
+        plot(figures["steps"], {k: np.array(v) for k, v in figures["curves"].items()}, args.out / "bench_train.png")
+        (args.out / "bench_train.md").write_text(text)
+        tables = figures.pop("tables")
+        (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
     if args.summary:
         from deltattg.summaries import table, write_summary
 

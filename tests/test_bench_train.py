@@ -72,6 +72,8 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     assert summary["name"] == "bench_train" and summary["command"].endswith("--summary " + str(tmp_path / "summary.json"))
     assert summary["tables"]["arms"]["rows"][1][4] == "+10.0 [−117.1, +137.1] p=1.000"
     assert summary["tables"]["test"]["columns"][2] == "test − GRPO (points)" and summary["machine"]["cores"] >= 1
+    assert ["gigpo", "1", "30.0", "50.0"] in [row[:4] for row in summary["tables"]["seeds"]["rows"]]
+    assert [row[0] for row in summary["tables"]["training"]["rows"]] == ["grpo", "gigpo"]
     text = (tmp_path / "bench_train.json").read_text()  # strict JSON: no NaN or Infinity tokens (two seeds: some
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in bench_train.json"))  # bounds are ∞)
 
