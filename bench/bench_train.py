@@ -350,8 +350,9 @@ def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> Non
     plt.close(fig)
 
 
-PAIRED_ALIKE = {"regime_sha256": "regime settings", "torch": "torch versions", "cpu_capability": "CPU capabilities",
-                "prepared_with": "preparation settings"}  # fmt: skip
+PAIRED_ALIKE = {"regime_sha256": "regime settings", "torch": "torch versions", "cpu_capability": "CPU capabilities"}
+# A seed's preparation settings include the seed: alike across one seed's arms, not across seeds (the regime's hash,
+# seed aside, already holds every other preparation setting).
 
 
 def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
@@ -363,8 +364,10 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
     problems = []
     for seed in args.seeds:
         folder = args.out / f"seed-{seed}"
+        preparations: dict[str, list[str]] = {}
         for arm in arms:
             stamp = read_stamp(folder / arm.folder) or {}
+            preparations.setdefault(str(stamp.get("prepared_with")), []).append(arm.name)
             code, prepared = str(stamp.get("code")), str(stamp.get("prepared_by"))
             key = code if prepared == code else f"{code} (actor and meter by {prepared})"
             by_code.setdefault(key, []).append(f"seed {seed} {arm.name}")
@@ -375,6 +378,9 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
                                 if stamp else f"{folder / arm.folder}: no {STAMP} (a run from before runs were stamped)")
             elif stamp.get("code") is None:
                 problems.append(f"{folder / arm.folder}: its code revision is unknown (not run from a git checkout)")
+        if len(preparations) > 1:
+            problems.append(f"{folder}: its arms ran on actors and meters prepared with different settings: " + "; ".join(
+                f"{value} ({', '.join(names)})" for value, names in preparations.items()))
     if len(by_code) > 1:
         problems.append("runs of different code revisions: " + "; ".join(
             f"{code} ({len(runs)} runs, e.g. {runs[0]})" for code, runs in by_code.items()))

@@ -37,8 +37,8 @@ def write_run(folder: Path, curve: list[float], step_seconds: list[float], code:
     settings = folder.parent / "train.yaml"
     if not settings.exists():
         settings.write_text("run: {seed: 0}\n")
-    stamp = {"code": code, "prepared_by": code, "arm": folder.name,
-             "shared_config_sha256": hashlib.sha256(settings.read_bytes()).hexdigest()}
+    stamp = {"code": code, "prepared_by": code, "arm": folder.name, "prepared_with": f"{folder.parent.name} settings",
+             "shared_config_sha256": hashlib.sha256(settings.read_bytes()).hexdigest()}  # a preparation per seed
     (folder / "bench.json").write_text(json.dumps(stamp))
 
 
@@ -145,24 +145,28 @@ def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_s
 
 
 def test_runs_of_other_regime_settings_or_numerics_are_not_paired(tmp_path, bench_train, capsys):
-    """Two seeds that ran different regime settings (the seed aside), torch versions or CPU capabilities are refused
-    (their figures would be pooled as one comparison) unless --allow-mixed, which says so in the table."""
+    """Two seeds that ran different regime settings (the seed aside), torch versions or CPU capabilities, or one
+    seed's arms on actors and meters prepared with different settings, are refused (their figures would be pooled as
+    one comparison) unless --allow-mixed, which says so in the table. Each seed's own preparation (its settings
+    include the seed) is not a difference."""
     for seed in (0, 1):
         for arm in ("grpo", "gigpo"):
             write_run(tmp_path / f"seed-{seed}" / arm, [0.2, 0.3, 0.4], [1.0])
     args = ["--arms", "gigpo", "--seeds", "0", "1", "--out", str(tmp_path), "--report-only"]
     bench_train.main(args)  # alike: reported
     capsys.readouterr()
-    for key, value, what in (("regime_sha256", "lr-3e-4", "regime settings"), ("cpu_capability", "AVX512",
-                                                                              "CPU capabilities")):  # fmt: skip
+    for key, value, what in (("regime_sha256", "lr-3e-4", "runs of different regime settings"),
+                             ("cpu_capability", "AVX512", "runs of different CPU capabilities"),
+                             ("prepared_with", "seed-0 settings", "prepared with different settings")):  # fmt: skip
         stamp_file = tmp_path / "seed-1" / "gigpo" / "bench.json"
         stamp = json.loads(stamp_file.read_text())
         stamp_file.write_text(json.dumps({**stamp, key: value}))
         with pytest.raises(SystemExit) as exit_info:
             bench_train.main(args)
-        assert exit_info.value.code == 2 and f"runs of different {what}" in capsys.readouterr().err
+        assert exit_info.value.code == 2 and what in capsys.readouterr().err
         bench_train.main([*args, "--allow-mixed"])
-        assert f"**mixed** (--allow-mixed): runs of different {what}" in (tmp_path / "bench_train.md").read_text()
+        mixed = [line for line in (tmp_path / "bench_train.md").read_text().split("; ") if "**mixed**" in line]
+        assert len(mixed) == 1 and what in mixed[0]
         stamp_file.write_text(json.dumps(stamp))
 
 
