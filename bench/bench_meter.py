@@ -47,7 +47,8 @@ from deltattg.meter.generative import GenerativeMeter
 from deltattg.meter.regression import RegressionConfig, RegressionMeter, decision_blocks, encode_blocks
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import RandomPolicy
-from deltattg.summaries import plain, table, write_summary
+from deltattg.report import text_table
+from deltattg.summaries import table, write_summary
 
 SCORING_COLUMNS = ("T", "(a) s", "(s) s", "(b) s", "a ÷ s", "a ÷ b", "(a) tokens", "(s) prefilled", "(s) ÷ longest",
                    "(s) drafted + decoded", "(b) tokens", "(b) ÷ own", "(s) answers = (a)'s")  # fmt: skip
@@ -197,7 +198,7 @@ def main() -> None:
         print(f"backbone SmolLM2-135M (one copy of the weights shared by both meters), torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads")
         name, columns, rows = "scoring", SCORING_COLUMNS, compare_scoring(model, tokenizer, args)
-    print(plain(columns, rows))
+    print(text_table(columns, rows))
     if args.summary:
         write_summary(args.summary, "bench_meter", ["bench/bench_meter.py", *sys.argv[1:]], {name: table(columns, rows)})
 

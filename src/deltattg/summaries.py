@@ -40,13 +40,6 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, li
     return {"columns": list(columns), "rows": [[str(cell) for cell in row] for row in rows]}
 
 
-def plain(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A table as right-aligned plain text (a benchmark's console output of what its summary holds)."""
-    cells = [list(map(str, columns)), *([str(cell) for cell in row] for row in rows)]
-    widths = [max(len(row[k]) for row in cells) for k in range(len(columns))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in cells)
-
-
 def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, dict]) -> None:
     """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all)."""
     from deltattg.data.jsonl import atomic_output
