@@ -66,9 +66,9 @@ from deltattg.regime.comparison import (
     Estimate,
     area_under_curve,
     first_step_reaching,
+    seed_curves_png,
     success_curve,
     summarize,
-    t_interval,
 )
 from deltattg.regime.config import RegimeConfig, regime_config
 from deltattg.regime.stages import (
@@ -90,7 +90,7 @@ from deltattg.regime.stages import (
 from deltattg.data.jsonl import read_jsonl
 from deltattg.data.labels import LABEL_SOURCES
 from deltattg.data.sources import split_by_task
-from deltattg.report import markdown_table, pyplot
+from deltattg.report import markdown_table
 from deltattg.train import read_metrics, resolve, train
 from deltattg.train.checkpoint import code_revision, config_hash
 
@@ -329,25 +329,6 @@ def training_readings(runs: Sequence[Sequence[dict]]) -> list[str]:
                 per_run.append(sum(values) / len(values))
         cells.append(form.format(sum(per_run) / len(per_run)).replace("%", "") if per_run else "-")
     return cells
-
-
-def plot(steps: Sequence[int], curves: dict[str, np.ndarray], path: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    colors = plt.get_cmap("tab20" if len(curves) > 10 else "tab10").colors  # one distinct colour per arm
-    for (name, c), color in zip(curves.items(), colors):
-        mean = c.mean(axis=0)
-        ax.plot(steps, 100 * mean, "o-", ms=3, label=name, color=color)
-        if len(c) > 1:  # the table's 95 % t interval of each evaluation's mean
-            low, high = np.array([t_interval(column) for column in c.T]).T
-            ax.fill_between(steps, 100 * low, 100 * high, alpha=0.12, color=color)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(f"held-out greedy success %\n(mean, 95 % t interval, {len(next(iter(curves.values())))} seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 PAIRED_ALIKE = {"regime_sha256": "regime settings", "torch": "torch versions", "cpu_capability": "CPU capabilities"}
@@ -693,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
     """What the command line asks for; returns what to print (and writes ``--summary``)."""
+    summary_figures = {}
     if args.speed:
         text, tables = speed(args)
     elif args.overhead:
@@ -703,15 +685,16 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         if not args.report_only:
             run_all(args, arms)
         text, figures = report(args, arms, command)
-        plot(figures["steps"], {k: np.array(v) for k, v in figures["curves"].items()}, args.out / "bench_train.png")
+        (args.out / "bench_train.png").write_bytes(seed_curves_png(figures["steps"], figures["curves"]))
         (args.out / "bench_train.md").write_text(text)
         tables = figures.pop("tables")
+        summary_figures = {"curves": {"kind": "seed_curves", "steps": figures["steps"], "curves": figures["curves"]}}
         (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
     if args.summary:
         from deltattg.summaries import table, write_summary
 
         write_summary(args.summary, "bench_train", shlex.split(command),
-                      {name: table(*columns_rows) for name, columns_rows in tables.items()})
+                      {name: table(*columns_rows) for name, columns_rows in tables.items()}, figures=summary_figures)
     return text
 
 

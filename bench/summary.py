@@ -1,12 +1,13 @@
 """Benchmark summaries, and the results tables of the docs generated from them.
 
 A benchmark given ``--summary FILE`` (and the demo, always) writes what it measured as JSON
-(:mod:`deltattg.summaries`: the command, commit, machine, date and tables). The summaries the docs cite are committed
-under ``docs/results/``; in README.md and docs/, a table between ``<!-- results: NAME/TABLE -->`` and
-``<!-- /results -->`` is generated from ``docs/results/NAME.json``, with a line saying where it was measured:
+(:mod:`deltattg.summaries`: the command, commit, machine, date, tables and figures' data). The summaries the docs cite
+are committed under ``docs/results/``; in README.md and docs/, a table between ``<!-- results: NAME/TABLE -->`` and
+``<!-- /results -->`` is generated from ``docs/results/NAME.json``, with a line saying where it was measured, and
+figure FIGURE of that summary is drawn to ``docs/images/NAME-FIGURE.png``:
 
-    .venv/bin/python bench/summary.py            # rewrite every generated table from the committed summaries
-    .venv/bin/python bench/summary.py --check    # exit 1, naming them, when a table differs (tests/test_docs.py)
+    .venv/bin/python bench/summary.py            # rewrite every generated table and figure from the summaries
+    .venv/bin/python bench/summary.py --check    # exit 1, naming them, when a table differs or a figure is missing
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from deltattg.summaries import figure_png
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
+IMAGES = REPO / "docs" / "images"
 BLOCK = re.compile(r"(<!-- results: ([\w-]+)/([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
@@ -48,6 +52,15 @@ def regenerated(text: str, results: Path = RESULTS) -> str:
     return BLOCK.sub(fill, text)
 
 
+def figure_files(results: Path = RESULTS, images: Path = IMAGES) -> dict[Path, dict[str, Any]]:
+    """Every figure of the summaries under ``results``, by the file it is drawn to."""
+    files = {}
+    for path in sorted(results.glob("*.json")):
+        for name, figure in json.loads(path.read_text()).get("figures", {}).items():
+            files[images / f"{path.stem}-{name}.png"] = figure
+    return files
+
+
 def pages() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
@@ -64,7 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             stale.append(str(page.relative_to(REPO)))
             if not args.check:
                 page.write_text(new, encoding="utf-8")
-    verb = "differ from their summaries" if args.check else "rewritten"
+    for path, figure in figure_files().items():
+        if args.check:
+            stale += [] if path.is_file() else [str(path.relative_to(REPO))]
+        else:
+            path.write_bytes(figure_png(figure))
+    verb = "differ from their summaries (or are missing)" if args.check else "rewritten"
     print(f"{', '.join(stale)}: {verb}" if stale else "every generated table matches its summary", file=sys.stderr)
     return 1 if args.check and stale else 0
 

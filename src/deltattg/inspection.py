@@ -255,19 +255,31 @@ def concentration_table(result: Inspection) -> str:
                               "credit moved from GRPO's places %", "trajectories"), cells)  # fmt: skip
 
 
-def plot_credit(result: Inspection, shown: Sequence[int]) -> bytes:
-    """Per-step credit A·w_t of the shown trajectories (rows) under every arm (columns), bars coloured by step class,
-    as PNG bytes."""
+def credit_panels(result: Inspection, shown: Sequence[int]) -> dict[str, Any]:
+    """What :func:`credit_png` draws, as plain data (a summary can hold it): the arms, and per shown trajectory its
+    outcome, advantage, step classes (None without an environment) and each arm's per-step credit A·w_t."""
+    panels = []
+    for k in shown:
+        record = result.records[result.arms[0]][k]
+        panels.append({"success": bool(record["success"]), "advantage": record["advantage"],
+                       "classes": result.classes[k] if result.classes else None,
+                       "credit": {label: result.records[label][k]["step_advantages"] for label in result.arms}})
+    return {"arms": list(result.arms), "panels": panels}
+
+
+def credit_png(arms: Sequence[str], panels: Sequence[dict]) -> bytes:
+    """Per-step credit of the :func:`credit_panels` trajectories (rows) under every arm (columns), bars coloured by
+    step class, as PNG bytes."""
     from deltattg.report import figure_png, pyplot
 
     plt = pyplot()
-    rows, cols = len(shown), len(result.arms)
+    rows, cols = len(panels), len(arms)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.2 * rows), squeeze=False, sharey="row")
-    for r, k in enumerate(shown):
-        for c, label in enumerate(result.arms):
-            record = result.records[label][k]
-            credit = record["step_advantages"]
-            kinds = result.classes[k] if result.classes else [None] * len(credit)
+    classified = any(panel["classes"] for panel in panels)
+    for r, panel in enumerate(panels):
+        for c, label in enumerate(arms):
+            credit = panel["credit"][label]
+            kinds = panel["classes"] or [None] * len(credit)
             ax = axes[r][c]
             ax.bar(range(len(credit)), credit, color=[CLASS_COLORS[kind] for kind in kinds])
             ax.axhline(0, color="black", linewidth=0.6)
@@ -275,14 +287,14 @@ def plot_credit(result: Inspection, shown: Sequence[int]) -> bytes:
             if r == 0:
                 ax.set_title(label, fontsize=10)
             if c == 0:
-                outcome = "success" if record["success"] else "failure"
-                ax.set_ylabel(f"{outcome}\nA={record['advantage']:+.2f}", fontsize=8)
+                outcome = "success" if panel["success"] else "failure"
+                ax.set_ylabel(f"{outcome}\nA={panel['advantage']:+.2f}", fontsize=8)
             if r == rows - 1:
                 ax.set_xlabel("step")
-    if result.classes:
+    if classified:
         handles = [plt.Rectangle((0, 0), 1, 1, color=CLASS_COLORS[c]) for c in STEP_CLASSES]
         fig.legend(handles, STEP_CLASSES, loc="upper right", fontsize=8)
-    fig.suptitle("per-step credit A·w_t (bars coloured by the planner's step class)" if result.classes
+    fig.suptitle("per-step credit A·w_t (bars coloured by the planner's step class)" if classified
                  else "per-step credit A·w_t", fontsize=10)  # fmt: skip
     fig.tight_layout()
     return figure_png(fig, dpi=100)
@@ -363,7 +375,7 @@ def write_report(result: Inspection, items: Sequence[Located], out: Path, *, sho
     actions = [action_texts(item.trajectory) for item in items]
     text = report_markdown(result, shown, actions)
     figures = json.dumps(report_figures(result, shown, actions), indent=2, allow_nan=False, default=lambda v: None)
-    write_together({out / "inspect.png": plot_credit(result, shown), out / "inspect.json": figures,
+    write_together({out / "inspect.png": credit_png(**credit_panels(result, shown)), out / "inspect.json": figures,
                     out / "inspect.md": text})  # fmt: skip
     return text
 

@@ -1,8 +1,9 @@
 """Benchmark and demo summaries: what was measured, as JSON a documentation table can be generated from.
 
 A summary holds its name, the command line, the code revision, the machine (CPU model, cores, load, torch, ATen CPU
-capability, Python), the date and its tables (``{"columns": [...], "rows": [[...], ...]}``, cells as printed).
-``bench/summary.py`` turns the summaries committed under ``docs/results/`` into the docs' results tables.
+capability, Python), the date, its tables (``{"columns": [...], "rows": [[...], ...]}``, cells as printed) and the
+data of its figures. ``bench/summary.py`` turns the summaries committed under ``docs/results/`` into the docs' results
+tables and figures.
 """
 
 from __future__ import annotations
@@ -40,13 +41,35 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, li
     return {"columns": list(columns), "rows": [[str(cell) for cell in row] for row in rows]}
 
 
-def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, dict]) -> None:
-    """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all)."""
+FIGURE_KINDS = {  # a summary figure's kind -> the function (module, name) that draws its data as PNG bytes
+    "seed_curves": ("deltattg.regime.comparison", "seed_curves_png"),  # bench_train: success over steps and seeds
+    "credit": ("deltattg.inspection", "credit_png"),  # inspect / the demo: per-step credit of a few trajectories
+    "training_success": ("deltattg.demo.report", "success_png"),  # the demo: success over steps and tokens
+}
+
+
+def figure_png(figure: dict[str, Any]) -> bytes:
+    """A summary's figure (``{"kind": K, **data}``) drawn by its kind's function (:data:`FIGURE_KINDS`)."""
+    import importlib
+
+    data = dict(figure)
+    kind = data.pop("kind", None)
+    if kind not in FIGURE_KINDS:
+        raise ValueError(f"figure kind {kind!r}: expected one of {', '.join(FIGURE_KINDS)}")
+    module, function = FIGURE_KINDS[kind]
+    return getattr(importlib.import_module(module), function)(**data)
+
+
+def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, dict],
+                  figures: dict[str, dict] | None = None) -> None:
+    """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all): its tables and the data of
+    its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`)."""
     from deltattg.data.jsonl import atomic_output
     from deltattg.train.checkpoint import code_revision
 
     summary = {"name": name, "command": shlex.join(argv), "commit": code_revision(), "machine": machine(),
-               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "tables": tables}  # fmt: skip
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "tables": tables,
+               "figures": figures or {}}  # fmt: skip
     with atomic_output(path) as handle:
         json.dump(summary, handle, indent=2, ensure_ascii=False)
         handle.write("\n")

@@ -73,7 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     error, exit 2)."""
     from deltattg.regime.config import regime_config
     from deltattg.demo.pipeline import run_demo
-    from deltattg.demo.report import SUMMARY_FILE, summary_table, summary_tables, write_report
+    from deltattg.demo.report import SUMMARY_FILE, summary_figures, summary_table, summary_tables, write_report
     from deltattg.summaries import write_summary
 
     try:
@@ -86,7 +86,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ImportError) as exc:  # missing game files or a missing extra
         raise UsageError(str(exc)) from exc
     report = write_report(result)
-    write_summary(Path(args.out) / SUMMARY_FILE, "demo", args.command_line, summary_tables(result))
+    write_summary(Path(args.out) / SUMMARY_FILE, "demo", args.command_line, summary_tables(result),
+                  figures=summary_figures(result))
     print(summary_table(result))
     print(f"\nreport: {report} (total {sum(result.timings.values()):.0f} s)", file=sys.stderr)
     return 0

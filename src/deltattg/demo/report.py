@@ -16,7 +16,8 @@ import yaml
 from deltattg.demo.pipeline import DemoResult
 from deltattg.guidance import guidance_header, guidance_row
 from deltattg.meter.fit import Agreement, MeterFit
-from deltattg.report import markdown_table, percent, pyplot, save_figure, text_table
+from deltattg.data.jsonl import atomic_output
+from deltattg.report import figure_png, markdown_table, percent, pyplot, save_figure, text_table
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 
@@ -35,6 +36,7 @@ def color(arm: str, index: int = 0) -> str:
     return COLORS.get(arm, PALETTE[index % len(PALETTE)])
 SUCCESS_PLOT, METER_PLOT = "success.png", "meter_fit.png"
 SUMMARY_FILE = "summary.json"  # the run's tables, stamped (deltattg.summaries): what the docs' demo tables come from
+CREDIT_SHOWN = 4  # trajectories in the per-step credit picture
 CREDIT_DIR = "credit"  # deltattg inspect's report of the demo's credit: inspect.md, inspect.json, inspect.png
 TRAIN_WINDOW = 5  # steps averaged for the "training success at the end" column
 
@@ -78,9 +80,18 @@ class RunSummary:
 
 
 # ---- plots -----------------------------------------------------------------------------------------------------------
-def plot_success(runs: dict[str, list[dict]], path: Path) -> None:
+SUCCESS_KEYS = ("step", "cumulative_response_tokens", "eval/greedy_success", "eval/sampled_success", "rollout/success")
+
+
+def success_records(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each arm's records cut to what :func:`success_png` draws (a summary holds them)."""
+    return {arm: [{k: r[k] for k in SUCCESS_KEYS if k in r} for r in records
+                  if "eval/greedy_success" in r or "rollout/success" in r] for arm, records in runs.items()}
+
+
+def success_png(runs: dict[str, list[dict]]) -> bytes:
     """Held-out success (greedy solid, sampled dashed) and training-rollout success (thin) against training steps
-    and against cumulative actor response tokens (Fig. 3 a/b)."""
+    and against cumulative actor response tokens (Fig. 3 a/b), as PNG bytes."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for index, (arm, records) in enumerate(runs.items()):
@@ -103,7 +114,7 @@ def plot_success(runs: dict[str, list[dict]], path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle("GRPO vs DeltaTTG: same initial actor, seed and budget")
     fig.tight_layout()
-    save_figure(fig, path, dpi=110)
+    return figure_png(fig, dpi=110)
 
 
 def plot_meter_fit(fit: MeterFit, path: Path) -> None:
@@ -159,6 +170,18 @@ def summary_tables(result: DemoResult) -> dict[str, dict]:
     return tables
 
 
+def summary_figures(result: DemoResult) -> dict[str, dict]:
+    """The data of the run's success curves and (with a credit inspection) of its per-step credit picture, as summary
+    figures (``deltattg.summaries.figure_png`` draws them as the report does)."""
+    from deltattg.inspection import credit_panels, shown_trajectories
+
+    figures = {"success": {"kind": "training_success", "runs": success_records(result.runs)}}
+    if result.credit is not None:
+        shown = shown_trajectories(result.credit.records[result.credit.arms[0]], CREDIT_SHOWN)
+        figures["credit"] = {"kind": "credit", **credit_panels(result.credit, shown)}
+    return figures
+
+
 def summary_table(result: DemoResult) -> str:
     """The console summary: credit precision, the RL arms, then the guidance table."""
     config = result.config
@@ -209,9 +232,10 @@ def write_report(result: DemoResult) -> Path:
 
     out, config = result.out, result.config
     assert result.actor is not None and result.fit is not None and result.credit is not None
-    plot_success(result.runs, out / SUCCESS_PLOT)
+    with atomic_output(out / SUCCESS_PLOT, binary=True) as handle:
+        handle.write(success_png(result.runs))
     plot_meter_fit(result.fit, out / METER_PLOT)
-    write_inspection(result.credit, result.credit_items, out / CREDIT_DIR)
+    write_inspection(result.credit, result.credit_items, out / CREDIT_DIR, show=CREDIT_SHOWN)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
     summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
     actor = result.actor

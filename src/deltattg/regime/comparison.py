@@ -217,3 +217,25 @@ def summarize(arm: str, curves: np.ndarray, grpo: np.ndarray, steps: Sequence[in
         summary.test, summary.test_minus_grpo = mean_estimate(test), paired_difference(test, grpo_test)
         summary.test_sd, summary.test_power = sd, paired_power(sd, len(differences), POWER_EFFECT)
     return summary
+
+
+def seed_curves_png(steps: Sequence[int], curves: dict[str, Sequence[Sequence[float]]]) -> bytes:
+    """Each arm's held-out success over training steps: the mean over seeds (rows of ``curves[arm]``, success
+    rates) with its 95 % t interval as a band, as PNG bytes."""
+    from deltattg.report import figure_png, pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors = plt.get_cmap("tab20" if len(curves) > 10 else "tab10").colors  # one distinct colour per arm
+    for (name, rows), color in zip(curves.items(), colors):
+        c = np.asarray(rows, dtype=float)
+        ax.plot(steps, 100 * c.mean(axis=0), "o-", ms=3, label=name, color=color)
+        if len(c) > 1:  # the table's 95 % t interval of each evaluation's mean
+            low, high = np.array([t_interval(column) for column in c.T]).T
+            ax.fill_between(steps, 100 * low, 100 * high, alpha=0.12, color=color)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"held-out greedy success %\n(mean, 95 % t interval, {len(next(iter(curves.values())))} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return figure_png(fig, dpi=110)
