@@ -1,0 +1,61 @@
+"""How diverse a noisy-expert pool is where no admissible commands are listed: the success rate of ``expert:EPS`` on
+BFCL and τ² (docs/environments.md), each cell one ``deltattg evaluate`` run of this Python.
+
+    .venv/bin/python bench/bench_noisy_expert.py --out runs/noisy_expert [--summary docs/results/bench_noisy_expert.json]
+
+``expert:EPS`` plays the gold calls and, with probability EPS per turn, a mistake a tool-using agent makes
+(``deltattg.envs.mistakes``); nothing is sampled from a model, and the mistakes are seeded, so a rerun reproduces the
+table. Needs the extras ``[bfcl]`` and ``[tau2]``; an evaluation already under ``--out`` is resumed, not replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EPSILONS = ("0", "0.1", "0.2", "0.4")
+SETTINGS = {"BFCL base": ("bfcl", "base"), "τ² retail/train": ("tau2", "retail/train")}
+
+
+def success(out: Path, env: str, split: str, epsilon: str, episodes: int) -> dict:
+    """``results.json``'s overall row of ``deltattg evaluate`` for ``expert:EPS`` (run or resumed in ``out``)."""
+    actor = "expert" if epsilon == "0" else f"expert:{epsilon}"
+    command = [sys.executable, "-m", "deltattg", "evaluate", "--env", env, "--split", split, "--actor", actor,
+               "--episodes", str(episodes), "--out", str(out), "--no-progress"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_noisy_expert.py: {' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return json.loads((out / "results.json").read_text())["overall"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/noisy_expert"))
+    parser.add_argument("--episodes", type=int, default=40, help="tasks per evaluation (default 40)")
+    parser.add_argument("--summary", help="the table also as a summary (deltattg.summaries)")
+    args = parser.parse_args(argv)
+    from deltattg.report import text_table
+    from deltattg.summaries import table, write_summary
+
+    columns = ("expert:EPS, success % (episodes)", *(f"EPS {e}" for e in EPSILONS))
+    rows = []
+    for name, (env, split) in SETTINGS.items():
+        cells = []
+        for epsilon in EPSILONS:
+            overall = success(args.out / f"{env}-{split.replace('/', '-')}-{epsilon}", env, split, epsilon, args.episodes)
+            cells.append(f"{100 * overall['success']:.1f} ({overall['episodes']})")
+        rows.append([name, *cells])
+    print(text_table(columns, rows))
+    if args.summary:
+        argv_used = argv if argv is not None else sys.argv[1:]
+        write_summary(args.summary, "bench_noisy_expert", ["bench/bench_noisy_expert.py", *argv_used],
+                      {"success": table(columns, rows)})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
