@@ -137,7 +137,6 @@ NOT_YET_GENERATED = {
     "docs/concepts/credit.md": "the inspect tables (bench/bench_inspect.py) and the step-time overheads",
     "docs/concepts/meter.md": "cross-domain transfer and AgentProcessBench tables (bench_transfer has no --summary yet)",
     "docs/meter-hotpotqa.md": "the layer table of the hotpotqa CPU meter",
-    "docs/environments.md": "noisy-expert success rates of BFCL and τ²",
     "docs/verl.md": "the paper's launch settings (to be generated from the recipes in code)",
 }
 MEASURED_CELL = re.compile(r"\|\s*\**[-+−]?\d+\.\d+")  # a cell that starts with a decimal number
