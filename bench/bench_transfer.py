@@ -206,44 +206,50 @@ def percent(p: float, ci: tuple[float, float]) -> str:
     return f"{100 * p:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
 
 
-def report(quality: dict, guides: dict, domains_used: dict[str, Domain], skipped: dict[str, str], argv: str) -> str:
+def transfer_tables(quality: dict, guides: dict, domains_used: dict[str, Domain]) -> dict[str, tuple]:
+    """The study's tables (columns, rows): ``step_quality`` (a meter per row, the states it reads per column, and the
+    always-beneficial baseline) and ``guidance`` (per target domain: natural rollout, random selection, each meter)."""
+    targets = list(next(iter(quality.values())).keys()) if quality else []
+    rows = []
+    for source, row in quality.items():
+        rows.append([source, *(f"{percent(row[t]['accuracy'], tuple(row[t]['accuracy_ci']))}, bal. "
+                               f"{100 * row[t]['balanced_accuracy']:.1f}, n = {row[t]['steps']} "
+                               f"({row[t]['beneficial']}/{row[t]['harmful']}), ties {row[t]['ties']}"
+                               for t in targets)])  # fmt: skip
+    if quality:
+        first = next(iter(quality.values()))
+        rows.append(["always beneficial", *(f"{100 * first[t]['beneficial'] / first[t]['steps']:.1f}"
+                                            if first[t]["steps"] else "–" for t in targets)])  # fmt: skip
+    guide_rows = []
+    for target, runs in guides.items():
+        first = next(iter(runs.values()))
+        n, arms = first["episodes"], {a["name"]: a for a in first["arms"]}
+        where = f"{target} ({n} episodes, {domains_used[target].heldout_split})"
+        picked = [(name, arms[name]) for name in ("natural rollout", "random selection")]
+        picked += [(f"meter trained on {source}", {a["name"]: a for a in result["arms"]}["progress meter"])
+                   for source, result in runs.items()]  # fmt: skip
+        guide_rows += [[where, name, percent(a["success"], wilson(round(a["success"] * n), n)), f"{a['steps']:.1f}"]
+                       for name, a in picked]  # fmt: skip
+    return {"step_quality": (("meter ↓ / read on →", *targets), rows),
+            "guidance": (("target", "arm", "success % [95 % Wilson]", "steps"), guide_rows)}
+
+
+def report(tables: dict[str, tuple], domains_used: dict[str, Domain], skipped: dict[str, str], argv: str) -> str:
+    from deltattg.report import markdown_table
+
     lines = ["# Cross-domain transfer of progress meters (§5.3)", "",
              f"`bench/bench_transfer.py {argv}` — {time.strftime('%Y-%m-%d %H:%M')}, revision {revision()}.", "",
              "## Step quality", "",
              "Rows: the domain a meter was trained on; columns: the held-out states it reads. Each cell: accuracy % "
              "of Δ's sign against the step labels [95 % Wilson interval], balanced accuracy %, labelled steps "
              "(beneficial / harmful); ties (Δ = 0) count as wrong. Labels: the noisy expert's provenance (+1 its "
-             "own action, −1 a deliberate mistake); `apb-hotpotqa`: AgentProcessBench's human labels.", ""]
-    targets = list(next(iter(quality.values())).keys()) if quality else []
-    lines += ["| meter ↓ / read on → | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
-    for source, row in quality.items():
-        cells = []
-        for target in targets:
-            c = row[target]
-            cells.append(f"{percent(c['accuracy'], tuple(c['accuracy_ci']))}, bal. {100 * c['balanced_accuracy']:.1f}, "
-                         f"n = {c['steps']} ({c['beneficial']}/{c['harmful']}), ties {c['ties']}")  # fmt: skip
-        lines.append(f"| {source} | " + " | ".join(cells) + " |")
-    always = {t: next(iter(quality.values()))[t] for t in targets}
-    lines += ["", "Always-beneficial on the same steps: " + ", ".join(
-        f"{t} {100 * c['beneficial'] / c['steps']:.1f} %" for t, c in always.items() if c["steps"]) + "."]
-    if guides:
+             "own action, −1 a deliberate mistake); `apb-hotpotqa`: AgentProcessBench's human labels. Last row: the "
+             "accuracy of calling every step beneficial.", "", markdown_table(*tables["step_quality"])]  # fmt: skip
+    if tables["guidance"][1]:
         lines += ["", "## Guidance", "",
                   f"`guide --actor {GUIDE_ACTOR} --candidates 4` on each domain's held-out split, seed 0: success % "
-                  "[95 % Wilson interval] over the episodes (distinct tasks), average steps.", ""]
-        for target, runs in guides.items():
-            first = next(iter(runs.values()))
-            n = first["episodes"]
-            arms = {a["name"]: a for a in first["arms"]}
-            lines += [f"**{target}** ({n} episodes, split {domains_used[target].heldout_split}):", "",
-                      "| arm | success % | steps |", "|---|---|---|"]
-            for name in ("natural rollout", "random selection"):
-                a = arms[name]
-                lines.append(f"| {name} | {percent(a['success'], wilson(round(a['success'] * n), n))} | {a['steps']:.1f} |")
-            for source, result in runs.items():
-                a = {x["name"]: x for x in result["arms"]}["progress meter"]
-                lines.append(f"| meter trained on {source} | {percent(a['success'], wilson(round(a['success'] * n), n))} "
-                             f"| {a['steps']:.1f} |")  # fmt: skip
-            lines.append("")
+                  "[95 % Wilson interval] over the episodes (distinct tasks), average steps.", "",
+                  markdown_table(*tables["guidance"])]  # fmt: skip
     notes = [f"{d.name}: {d.note}" for d in domains_used.values() if d.note]
     notes += [f"{name}: left out ({why})" for name, why in skipped.items()]
     if notes:
@@ -270,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alfworld", default=os.environ.get("ALFWORLD_DATA"), help="json_2.1.1 folder")
     parser.add_argument("--agentprocessbench", help="folder with hotpotqa.jsonl and split.json")
     parser.add_argument("--max-length", type=int, default=512, help="meter input budget in tokens (default 512)")
+    parser.add_argument("--summary", help="the tables also as a summary (deltattg.summaries; what the docs' "
+                        "transfer tables are generated from)")
     parser.add_argument("--report-only", action="store_true", help="run nothing new: report the pools, meters and "
                         "guidance cells already under --out")
     args = parser.parse_args(argv)
@@ -315,11 +323,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[transfer] guidance on {target} with the {source} meter", file=sys.stderr)
             guides.setdefault(target, {})[source] = guidance(chosen[target], source, folders[source], out, log)
 
-    text = report(quality, guides, chosen, skipped, " ".join(argv if argv is not None else sys.argv[1:]))
+    argv_used = list(argv if argv is not None else sys.argv[1:])
+    tables = transfer_tables(quality, guides, chosen)
+    text = report(tables, chosen, skipped, " ".join(argv_used))
     (out / "transfer.md").write_text(text)
     (out / "transfer.json").write_text(json.dumps({"step_quality": quality, "guidance": guides,
                                                    "skipped": skipped}, indent=2) + "\n")  # fmt: skip
     print(text)
+    if args.summary:
+        from deltattg.summaries import table, write_summary
+
+        write_summary(args.summary, "bench_transfer", ["bench/bench_transfer.py", *argv_used],
+                      {name: table(*columns_rows) for name, columns_rows in tables.items()})
     return 0
 
 

@@ -70,3 +70,25 @@ def test_wilson_interval(bench_transfer):
     low, high = bench_transfer.wilson(7, 10)
     assert (round(low, 4), round(high, 4)) == (0.3968, 0.8922)  # Wilson (1927), z = 1.96
     assert bench_transfer.wilson(0, 12)[0] == 0.0
+
+
+def test_the_transfer_tables_hold_each_cell_and_the_always_beneficial_row(bench_transfer):
+    """The report's tables (what --summary writes): a cell per (meter, states read) with its Wilson interval and
+    counts, the always-beneficial row from the labelled steps, and a guidance row per arm of each target."""
+    cell = {"accuracy": 0.75, "accuracy_ci": [0.41, 0.93], "balanced_accuracy": 0.5, "steps": 8, "beneficial": 6,
+            "harmful": 2, "ties": 1}
+    quality = {"household": {"household": cell, "bfcl": {**cell, "steps": 0, "beneficial": 0, "harmful": 0}}}
+    guide = {"episodes": 10, "arms": [{"name": "natural rollout", "success": 0.5, "steps": 9.0},
+                                      {"name": "random selection", "success": 0.3, "steps": 9.5},
+                                      {"name": "progress meter", "success": 0.6, "steps": 8.25}]}
+    domains = bench_transfer.domains(None, None)
+    tables = bench_transfer.transfer_tables(quality, {"household": {"household": guide}}, domains)
+    columns, rows = tables["step_quality"]
+    assert columns == ("meter ↓ / read on →", "household", "bfcl")
+    assert rows[0][1] == "75.0 [41, 93], bal. 50.0, n = 8 (6/2), ties 1"
+    assert rows[1] == ["always beneficial", "75.0", "–"]
+    _, guidance = tables["guidance"]
+    assert [row[1] for row in guidance] == ["natural rollout", "random selection", "meter trained on household"]
+    low, high = bench_transfer.wilson(6, 10)
+    assert guidance[2][2] == f"60.0 [{100 * low:.0f}, {100 * high:.0f}]" and guidance[2][3] == "8.2"
+    assert guidance[0][0].startswith("household (10 episodes, ")
