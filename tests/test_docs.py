@@ -134,7 +134,6 @@ def test_every_summary_figure_is_committed_and_drawn_from_its_summary():
 
 # Pages whose measured tables are still typed by hand (issue 36 stays open until this is empty).
 NOT_YET_GENERATED = {
-    "docs/concepts/credit.md": "the inspect tables (bench/bench_inspect.py) and the step-time overheads",
     "docs/concepts/meter.md": "cross-domain transfer and AgentProcessBench tables (bench_transfer has no --summary yet)",
     "docs/meter-hotpotqa.md": "the layer table of the hotpotqa CPU meter",
     "docs/verl.md": "the paper's launch settings (to be generated from the recipes in code)",
