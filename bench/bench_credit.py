@@ -439,14 +439,14 @@ def main(argv: list[str] | None = None) -> None:
     for line in ratios:
         print(line)
     if args.summary:
-        from deltattg.summaries import table as summary_table, write_summary
+        from deltattg.summaries import write_summary
 
         rows = [[t.name, f"{t.median * 1e3:.3f}", f"{t.best * 1e3:.3f}", f"{t.cpu_median * 1e3:.3f}"] for t in timings]
         measured = [line.rsplit(": ", 1) for line in ratios if ": " in line and not line.startswith("goals")]
         command = ["bench/bench_credit.py", *(sys.argv[1:] if argv is None else argv)]
         write_summary(args.summary, "bench_credit", command, {
-            "timings": summary_table(("estimator", "median ms", "min ms", "cpu median ms"), rows),
-            "ratios": summary_table(("ratio", "value"), measured)})  # fmt: skip
+            "timings": (("estimator", "median ms", "min ms", "cpu median ms"), rows),
+            "ratios": (("ratio", "value"), measured)})  # fmt: skip
 
 
 def ratio_lines(timings: list[Timing], verl_present: bool) -> list[str]:

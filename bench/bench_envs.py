@@ -169,9 +169,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"skipping {name}: {error}")
     print(_table(rows))
     if args.summary:
-        from deltattg.summaries import table, write_summary
+        from deltattg.summaries import write_summary
 
-        write_summary(args.summary, "bench_envs", command, {"steps": table(HEADER, rows[1:])})
+        write_summary(args.summary, "bench_envs", command, {"steps": (HEADER, rows[1:])})
 
 
 if __name__ == "__main__":

@@ -129,13 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             deltattg("score", str(pool), "--meter", "oracle", *errors, "--tokenizer", "smollm2", "--no-progress",
                      "--out", str(args.out / f"{name}.jsonl"))  # fmt: skip
     from deltattg.report import text_table
-    from deltattg.summaries import table, write_summary
+    from deltattg.summaries import write_summary
 
     found = tables(args.out)
     print("\n\n".join(f"{name}:\n{text_table(*columns_rows)}" for name, columns_rows in found.items()))
     if args.summary:
-        write_summary(args.summary, "bench_inspect", ["bench/bench_inspect.py", *(argv if argv is not None else sys.argv[1:])],
-                      {name: table(*columns_rows) for name, columns_rows in found.items()})  # fmt: skip
+        argv_used = argv if argv is not None else sys.argv[1:]
+        write_summary(args.summary, "bench_inspect", ["bench/bench_inspect.py", *argv_used], found)
     return 0
 
 

@@ -48,7 +48,7 @@ from deltattg.meter.regression import RegressionConfig, RegressionMeter, decisio
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import RandomPolicy
 from deltattg.report import text_table
-from deltattg.summaries import table, write_summary
+from deltattg.summaries import write_summary
 
 SCORING_COLUMNS = ("T", "(a) s", "(s) s", "(b) s", "a ÷ s", "a ÷ b", "(a) tokens", "(s) prefilled", "(s) ÷ longest",
                    "(s) drafted + decoded", "(b) tokens", "(b) ÷ own", "(s) answers = (a)'s")  # fmt: skip
@@ -200,7 +200,7 @@ def main() -> None:
         name, columns, rows = "scoring", SCORING_COLUMNS, compare_scoring(model, tokenizer, args)
     print(text_table(columns, rows))
     if args.summary:
-        write_summary(args.summary, "bench_meter", ["bench/bench_meter.py", *sys.argv[1:]], {name: table(columns, rows)})
+        write_summary(args.summary, "bench_meter", ["bench/bench_meter.py", *sys.argv[1:]], {name: (columns, rows)})
 
 
 if __name__ == "__main__":

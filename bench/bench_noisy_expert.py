@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--summary", help="the table also as a summary (deltattg.summaries)")
     args = parser.parse_args(argv)
     from deltattg.report import text_table
-    from deltattg.summaries import table, write_summary
+    from deltattg.summaries import write_summary
 
     columns = ("expert:EPS, success % (episodes)", *(f"EPS {e}" for e in EPSILONS))
     rows = []
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.summary:
         argv_used = argv if argv is not None else sys.argv[1:]
         write_summary(args.summary, "bench_noisy_expert", ["bench/bench_noisy_expert.py", *argv_used],
-                      {"success": table(columns, rows)})
+                      {"success": (columns, rows)})
     return 0
 
 

@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([name, len(pool), f"{replayed} / {states}", f"{100 * replayed / max(states, 1):.1f}",
                      f"{1000 * seconds / max(replayed, 1):.1f}", ", ".join(f"{k}: {n}" for k, n in causes.items()) or "–"])
     if args.summary:
-        from deltattg.summaries import table, write_summary
+        from deltattg.summaries import write_summary
 
         header = ("environment", "records", "states replayed", "replayed %", "ms per state", "mismatches")
-        write_summary(args.summary, "bench_replay", command, {"replay": table(header, rows)})
+        write_summary(args.summary, "bench_replay", command, {"replay": (header, rows)})
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from deltattg.envs.household import HouseholdConfig, HouseholdEnv, vocabulary
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
 from deltattg.report import text_table
-from deltattg.summaries import table, write_summary
+from deltattg.summaries import write_summary
 from deltattg.train.actor import prompt_words
 from deltattg.rollout.prompts import PromptConfig
 
@@ -258,8 +258,7 @@ def main() -> None:
         tables = compare_throughput(args)
     print("\n\n".join(text_table(*columns_rows) for columns_rows in tables.values()))
     if args.summary:
-        write_summary(args.summary, "bench_rollout", ["bench/bench_rollout.py", *sys.argv[1:]],
-                      {name: table(*columns_rows) for name, columns_rows in tables.items()})
+        write_summary(args.summary, "bench_rollout", ["bench/bench_rollout.py", *sys.argv[1:]], tables)
 
 
 if __name__ == "__main__":

@@ -691,10 +691,10 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         summary_figures = {"curves": {"kind": "seed_curves", "steps": figures["steps"], "curves": figures["curves"]}}
         (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
     if args.summary:
-        from deltattg.summaries import table, write_summary
+        from deltattg.summaries import write_summary
 
         write_summary(args.summary, "bench_train", shlex.split(command),
-                      {name: table(*columns_rows) for name, columns_rows in tables.items()}, figures=summary_figures)
+                      tables, figures=summary_figures)
     return text
 
 

@@ -331,10 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    "skipped": skipped}, indent=2) + "\n")  # fmt: skip
     print(text)
     if args.summary:
-        from deltattg.summaries import table, write_summary
+        from deltattg.summaries import write_summary
 
-        write_summary(args.summary, "bench_transfer", ["bench/bench_transfer.py", *argv_used],
-                      {name: table(*columns_rows) for name, columns_rows in tables.items()})
+        write_summary(args.summary, "bench_transfer", ["bench/bench_transfer.py", *argv_used], tables)
     return 0
 
 

@@ -4,6 +4,7 @@ resolve, every command's --help names a page that exists, every bash block is ru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -86,8 +87,9 @@ def test_every_bash_block_is_run_by_a_test_or_marked(block):
         assert f'marked_block("{block.page.relative_to(REPO)}"' in source, f"{block.where}: {mark.group(2)} does not read it"
 
 
+@functools.cache
 def summary_module():
-    """bench/summary.py (the results tables' generator), imported as the benchmarks import it."""
+    """bench/summary.py (the results tables' generator), imported once as the benchmarks import it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("summary", REPO / "bench" / "summary.py")

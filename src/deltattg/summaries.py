@@ -34,6 +34,9 @@ def machine() -> dict[str, Any]:
             "aten_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version()}  # fmt: skip
 
 
+Table = tuple[Sequence[str], Sequence[Sequence[Any]]]  # a benchmark's table: column names, rows of cells
+
+
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, list]:
     """A summary's table: its column names and rows of printed cells."""
     if any(len(row) != len(columns) for row in rows):
@@ -60,15 +63,16 @@ def figure_png(figure: dict[str, Any]) -> bytes:
     return getattr(importlib.import_module(module), function)(**data)
 
 
-def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, dict],
+def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, Table],
                   figures: dict[str, dict] | None = None) -> None:
-    """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all): its tables and the data of
-    its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`)."""
+    """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all): its tables (name → (columns,
+    rows)) and the data of its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`)."""
     from deltattg.data.jsonl import atomic_output
     from deltattg.train.checkpoint import code_revision
 
     summary = {"name": name, "command": shlex.join(argv), "commit": code_revision(), "machine": machine(),
-               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "tables": tables,
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+               "tables": {name: table(*columns_rows) for name, columns_rows in tables.items()},
                "figures": figures or {}}  # fmt: skip
     with atomic_output(path) as handle:
         json.dump(summary, handle, indent=2, ensure_ascii=False)

@@ -151,22 +151,20 @@ def rl_rows(summaries: Sequence[RunSummary]) -> list[list[str]]:
              f"{s.seconds_per_step:.2f}", f"{100 * s.meter_share:.1f}%"] for s in summaries]  # fmt: skip
 
 
-def summary_tables(result: DemoResult) -> dict[str, dict]:
-    """The run's numbers as summary tables (``deltattg.summaries``; ``summary.json``, what the docs' demo tables are
-    generated from): stage times, credit precision, the RL arms and test-time selection."""
-    from deltattg.summaries import table
-
+def summary_tables(result: DemoResult) -> dict[str, tuple]:
+    """The run's numbers as summary tables, (columns, rows) by name (``deltattg.summaries``; ``summary.json``, what
+    the docs' demo tables are generated from): stage times, credit precision, the RL arms and test-time selection."""
     config = result.config
     summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
     timings = [[name, f"{seconds:.1f}"] for name, seconds in result.timings.items()]
     timings.append(["total", f"{sum(result.timings.values()):.1f}"])
-    tables = {"stages": table(("stage", "wall time (s)"), timings), "rl": table(RL_HEADER, rl_rows(summaries)),
-              "guidance": table(guidance_header(config.candidates),
-                                [guidance_row("base", config.eval_split, result.guidance)])}  # fmt: skip
+    tables = {"stages": (("stage", "wall time (s)"), timings), "rl": (RL_HEADER, rl_rows(summaries)),
+              "guidance": (guidance_header(config.candidates),
+                           [guidance_row("base", config.eval_split, result.guidance)])}  # fmt: skip
     if result.credit is not None and result.credit.precision:
-        tables["credit"] = table(("arm", "positive credit on progress steps %", "negative credit elsewhere %"),
-                                 [[arm, percent(p.positive_on_progress), percent(p.negative_off_progress)]
-                                  for arm, p in result.credit.precision.items()])  # fmt: skip
+        tables["credit"] = (("arm", "positive credit on progress steps %", "negative credit elsewhere %"),
+                            [[arm, percent(p.positive_on_progress), percent(p.negative_off_progress)]
+                             for arm, p in result.credit.precision.items()])  # fmt: skip
     return tables
 
 
