@@ -62,6 +62,7 @@ run python -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=$GROUP \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+  actor_rollout_ref.rollout.multi_turn.max_assistant_turns=$TURNS \
   actor_rollout_ref.rollout.agent.default_agent_loop=deltattg_env \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$here/agent_loop.yaml" \
   trainer.nnodes=$NNODES trainer.n_gpus_per_node=$ACTOR_GPUS \

@@ -69,10 +69,11 @@ def tokenizer():
     return tiny_tokenizer(HouseholdEnv(ENV), PromptConfig(), MAX_TURNS)
 
 
-def loop_config(prompt_length: int = 4096, response_length: int = 16):
+def loop_config(prompt_length: int = 4096, response_length: int = 16, max_assistant_turns: int | None = None):
+    multi_turn = {"tool_config_path": None, "max_assistant_turns": max_assistant_turns}
     return OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length,
-                                          "multi_turn": {"tool_config_path": None}}, "model": {"path": "dummy"}},
+                                          "multi_turn": multi_turn}, "model": {"path": "dummy"}},
         "data": {},
     })  # fmt: skip
 
@@ -89,14 +90,15 @@ def dataset_extra_info(task) -> dict:
 
 
 def play(server, tokenizer, task, session: int, extra_info: dict | None = None, response_length: int = 16,
-         **options):
-    """One episode of ``EnvAgentLoop`` (built inside the event loop, as verl's worker builds it)."""
+         max_assistant_turns: int | None = None, **options):
+    """One episode of ``EnvAgentLoop`` (built inside the event loop, as verl's worker builds it); the loop's
+    ``max_turns`` is ``MAX_TURNS`` unless ``options`` set it."""
 
     async def run():
-        config = loop_config(response_length=response_length)
+        config = loop_config(response_length=response_length, max_assistant_turns=max_assistant_turns)
         loop = EnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
-                            max_turns=MAX_TURNS, **options)  # fmt: skip
+                            **{"max_turns": MAX_TURNS, **options})  # fmt: skip
         row = extra_info if extra_info is not None else dataset_extra_info(task)
         return await loop.run({"temperature": 1.0}, extra_info=row, session_id=session)
 
@@ -503,9 +505,32 @@ def test_the_verl_tasks_parquet_reaches_the_agent_loop_through_verls_dataset(tok
     assert record.group == task.id and record.success and record.extra["task"]["split"] == "valid_seen"
 
 
-@pytest.mark.parametrize("method, setting", [("deltattg", "alfworld"), ("gigpo", "papersearch"), ("grpo_step", "alfworld")])
+@pytest.mark.parametrize("yaml_turns, verl_turns, played", [(None, 2, 2), (3, 2, 3), (None, None, ENV.max_steps)])
+def test_an_episode_stops_at_the_agent_loop_yaml_turns_else_at_verls_max_assistant_turns(tokenizer, yaml_turns,
+                                                                                          verl_turns, played):
+    """The agent-loop YAML's ``max_turns`` wins; without it verl's ``multi_turn.max_assistant_turns`` (train.sh's
+    per-setting turns) ends the episode; without either, the environment's step limit does."""
+    task = HouseholdEnv(ENV).tasks("valid_seen")[0]
+    actions = ["look"] * ENV.max_steps  # never completes the task
+    outputs = play(ReplayServer(tokenizer, actions), tokenizer, task, 0, max_assistant_turns=verl_turns,
+                   max_turns=yaml_turns)  # fmt: skip
+    assert len(outputs) == played
+
+
+def documented_settings(setting: str) -> dict[str, str]:
+    """The row of docs/verl.md's launch-settings table for ``setting``, by column."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "verl.md").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| setting | batch × G |"))
+    columns = [c.strip() for c in lines[at].strip("|").split("|")]
+    row = next(line for line in lines[at + 2:] if line.startswith(f"| `{setting}` |"))
+    return dict(zip(columns, (c.strip() for c in row.strip("|").split("|"))))
+
+
+@pytest.mark.parametrize("method, setting", [("deltattg", "alfworld"), ("deltattg", "papersearch"),
+                                             ("gigpo", "papersearch"), ("grpo_step", "alfworld")])  # fmt: skip
 def test_the_launch_recipe_composes_with_verls_config(method, setting, tmp_path):
-    """recipes/verl/train.sh's overrides are keys of verl's own config, and the deltattg section parses."""
+    """recipes/verl/train.sh's overrides are keys of verl's own config, the deltattg section parses, and the
+    composed config holds what docs/verl.md's table says of the setting (so a changed number there fails here)."""
     script = Path(__file__).resolve().parents[2] / "recipes" / "verl" / "train.sh"
     env = {**os.environ, "DRY_RUN": "1", "METHOD": method, "SETTING": setting, "OUT": str(tmp_path)}
     printed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
@@ -516,8 +541,17 @@ def test_the_launch_recipe_composes_with_verls_config(method, setting, tmp_path)
     assert config.trainer.v1.trainer_mode == "deltattg" and get_trainer_cls("deltattg") is DeltaTTGTrainer
     assert method_of(config.algorithm.adv_estimator) is not None
     settings = settings_of(config.algorithm)
+    doc = documented_settings(setting)
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert doc["batch × G"] == f"{config.data.train_batch_size} × {rollout.n}"
+    assert int(doc["turns"]) == rollout.multi_turn.max_assistant_turns
+    assert int(doc["tokens / turn"]) == config.data.max_response_length
+    assert float(doc["KL"]) == actor.kl_loss_coef and actor.use_kl_loss
+    assert float(doc["entropy"]) == actor.entropy_coeff
+    assert doc["clip (low / high)"] == f"{actor.clip_ratio_low:g} / {actor.clip_ratio_high:g}"
+    assert float(doc["dual clip"]) == actor.clip_ratio_c and float(doc["lr"]) == actor.optim.lr
     if method == "deltattg":
-        assert settings.credit.failure_cost == {"alfworld": 16384, "papersearch": 6144}[setting]
+        assert settings.credit.failure_cost == int(doc["C"])
         assert settings.meter.endswith(":8100/v1") and config.trainer.n_gpus_per_node == 7
     else:
         assert settings.meter is None and config.trainer.n_gpus_per_node == 8

@@ -11,7 +11,9 @@ environment's outcome, set here, so verl's reward loop does not score these rows
 Dataset rows (``deltattg verl-tasks``, :mod:`deltattg.verl.tasks`) name the task in ``extra_info.deltattg_task``:
 the environment's description (``describe()``) and the task's id, split and data. Selected per row by ``agent_name: deltattg_env`` or for the
 whole run by ``actor_rollout_ref.rollout.agent.default_agent_loop=deltattg_env``; options (``history_window``,
-``layout``, ``list_admissible``, ``max_turns``, ``max_tokens``) come from the agent-loop YAML entry.
+``layout``, ``list_admissible``, ``max_turns``, ``max_tokens``) come from the agent-loop YAML entry; without a
+``max_turns`` there, an episode stops after verl's ``actor_rollout_ref.rollout.multi_turn.max_assistant_turns``
+(what ``recipes/verl/train.sh`` sets), and never later than the environment's step limit.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class EnvAgentLoop(AgentLoopBase):
                  max_turns: int | None = None, max_tokens: int | None = None, **kwargs: Any):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.prompt = PromptConfig(layout=layout, history_window=history_window, list_admissible=list_admissible)  # type: ignore[arg-type]
-        self.max_turns = max_turns
+        self.max_turns = max_turns or getattr(self.rollout_config.multi_turn, "max_assistant_turns", None)
         self.max_tokens = min(int(self.rollout_config.response_length), max_tokens or 1 << 30)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
