@@ -137,7 +137,6 @@ def test_every_summary_figure_is_committed_and_drawn_from_its_summary():
 # Pages whose measured tables are still typed by hand (issue 36 stays open until this is empty).
 NOT_YET_GENERATED = {
     "docs/concepts/meter.md": "cross-domain transfer and AgentProcessBench tables (bench_transfer has no --summary yet)",
-    "docs/meter-hotpotqa.md": "the layer table of the hotpotqa CPU meter",
 }
 # Tables of settings (not measurements) that a test checks against the code they describe, by page and test.
 CHECKED_AGAINST_CODE = {
