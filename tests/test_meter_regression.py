@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from conftest import make_tiny_tokenizer
 from deltattg.data.labels import remaining_sums
-from deltattg.meter.regression import (RegressionConfig, RegressionMeter, decision_blocks, plan_windows,
+from deltattg.meter.regression import (RegressionConfig, RegressionMeter, decision_blocks, plan_windows, make_head,
                                        shared_prefix_groups)
 from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 
@@ -55,6 +55,27 @@ def test_one_pass_equals_prefix_by_prefix(max_length, pooling):
         assert [r.logit for r in readings] == pytest.approx([r.logit for r in single], abs=1e-4)
     if max_length == 40:  # the long trajectory needed several windows, yet still agrees
         assert len(meter.windows(trajectories[0])) > 1
+
+
+def test_a_feature_cache_reads_as_the_backbone_and_is_shared_by_meters_with_other_heads(tmp_path):
+    """``feature_cache``: the first reading computes and stores the windows' features, a later meter on the same
+    backbone (another head) reads them from the file, not from its backbone, and each reads what it would alone."""
+    rng = random.Random(1)
+    trajectories = [episode(3, 4, rng), episode(2, 2, rng)]
+    first, second = tiny_meter(60, seed=0), tiny_meter(60, seed=0)
+    torch.manual_seed(9)
+    second.head = make_head(48, second.config)  # same backbone weights and spec, another head
+    plain = [second.score_trajectories(trajectories), first.score_trajectories(trajectories)]
+    first.feature_cache = second.feature_cache = tmp_path / "features.pt"
+    cached_first = first.score_trajectories(trajectories)
+    assert first.feature_cache.is_file()
+    with torch.no_grad():  # the file, not the backbone, is what the second meter reads
+        for p in second.backbone.parameters():
+            p.zero_()
+    cached_second = second.score_trajectories(trajectories)
+    for cached, alone in ((cached_first, plain[1]), (cached_second, plain[0])):
+        assert [r.logit for row in cached for r in row] == pytest.approx([r.logit for row in alone for r in row], abs=1e-4)
+    assert [r.logit for r in cached_first[0]] != pytest.approx([r.logit for r in cached_second[0]], abs=1e-3)
 
 
 @pytest.mark.parametrize("pooling,layer,max_length", [("last", None, 512), ("last+mean", None, 512),

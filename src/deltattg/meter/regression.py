@@ -281,6 +281,11 @@ class RegressionMeter(nn.Module):
         width = backbone.config.hidden_size * (2 if config.pooling == "last+mean" else 1)
         self.head = head or make_head(width, config)
         self._id: str | None = None
+        # A file of the frozen backbone's window features (train-meter's ``features.pt`` format): when set, the
+        # states read by ``score_trajectories`` take their features from it, computed and added there the first
+        # time, so meters that differ only in their heads read a pool at the cost of their heads. Only for a
+        # backbone that does not change (the cache is keyed by tokens, backbone spec, pooling and layer).
+        self.feature_cache: Path | None = None
 
     # ---- loading and saving ------------------------------------------------------------------------------------
     @classmethod
@@ -379,10 +384,18 @@ class RegressionMeter(nn.Module):
 
     @torch.no_grad()
     def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput | None]]:
-        """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window."""
+        """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window
+        (or its features from :attr:`feature_cache`)."""
+        from deltattg.meter.train_regression import cached_features
+
         plans = [self.windows(messages) for messages in trajectories]
         flat = [w for plan in plans for w in plan]
-        features = self.boundary_features(flat) if flat else None
+        if not flat:
+            features = None
+        elif self.feature_cache is None:
+            features = self.boundary_features(flat)
+        else:
+            features = cached_features(self, flat, self.feature_cache, progress=False)
         readings = self.readings(self.head(features)) if flat else []
         out, k = [], 0
         for plan in plans:
