@@ -1,6 +1,6 @@
 """Environment steps per second: one function per environment; ``main`` runs those whose extras are installed.
 
-    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|search|alfworld|bfcl] [--summary FILE]
+    .venv/bin/python bench/bench_envs.py [--episodes N] [--only household|search|alfworld|bfcl|tau2|awm] [--summary FILE]
 
 ALFWorld reads its game files from ``$ALFWORLD_DATA`` (the ``json_2.1.1`` layout) and is skipped without them; search
 reads ``$SEARCH_DATA``, a folder ``deltattg search-data`` wrote (``corpus.jsonl``, ``questions/``).
@@ -135,12 +135,40 @@ def bench_bfcl(episodes: int = 200) -> list[Row]:
     return [_play(env, env.tasks("base")[:episodes], env.expert_action, "bfcl", "ground truth")]
 
 
+def bench_tau2(episodes: int = 40) -> list[Row]:
+    """τ²-bench retail (``retail/train``, the first ``episodes`` tasks): the gold actions replayed, one per step;
+    the last step includes τ²'s own evaluation of the episode's database and communicated info."""
+    from deltattg.envs.tau2 import Tau2Env
+
+    env = Tau2Env()
+    return [_play(env, env.tasks("retail/train")[:episodes], env.expert_action, "tau2", "gold actions")]
+
+
+def bench_awm(episodes: int = 6) -> list[Row]:
+    """AWM on our example scenarios (``deltattg awm-examples``; every task of both, repeated up to ``episodes``):
+    the gold calls replayed. The scenario's MCP server starts at an episode's first step (a process of its own)
+    and a fresh MCP session serves each call; the last step runs the task's verifier on the databases."""
+    import itertools
+
+    from deltattg.envs.awm import AWMEnv
+    from deltattg.envs.awm.examples import shipped_release
+
+    env = AWMEnv(shipped_release())
+    try:
+        tasks = list(itertools.islice(itertools.cycle(env.tasks("all")), episodes))
+        return [_play(env, tasks, env.expert_action, "awm", "gold calls")]
+    finally:
+        env.close()
+
+
 # name -> (benchmark, modules its optional extra provides)
 BENCHMARKS: dict[str, tuple[Callable[..., list[Row]], tuple[str, ...]]] = {
     "household": (bench_household, ()),
     "search": (bench_search, ("bm25s",)),
     "alfworld": (bench_alfworld, ("alfworld", "textworld")),
     "bfcl": (bench_bfcl, ("bfcl_eval",)),
+    "tau2": (bench_tau2, ("tau2",)),
+    "awm": (bench_awm, ("fastapi_mcp",)),
 }
 
 

@@ -135,8 +135,8 @@ def hotpot_tables(done: dict, seed_sets: int) -> dict[str, tuple]:
     quality = (("row", "accuracy", "balanced accuracy", "per seed set (balanced)", "ties (Δ = 0, mean)"), rows)
     later = [done[f"ensemble-{10 * k}"]["train_s"] for k in range(1, seed_sets)]
     cost = (("measure", "value"), [
-        ["test split: non-neutral steps (beneficial / harmful)", f"{steps['steps']} ({steps['beneficial']} / "
-                                                                 f"{steps['harmful']})"],
+        ["test split: non-neutral steps (beneficial / harmful)",
+         f"{steps['steps']} ({steps['beneficial']} / {steps['harmful']})"],
         ["`train-meter`, first run (train features, then 10 heads)", f"{first['train_s']:.0f} s"],
         ["`train-meter`, a later seed set (features reused), slowest", f"{max(later):.0f} s" if later else "–"],
         ["`eval-steps` on the test split (its features, then the heads)", f"{first['cli_s']:.0f} s"],

@@ -1,11 +1,12 @@
 """How diverse a noisy-expert pool is where no admissible commands are listed: the success rate of ``expert:EPS`` on
-BFCL and τ² (docs/environments.md), each cell one ``deltattg evaluate`` run of this Python.
+BFCL, τ² and AWM (docs/environments.md), each cell one ``deltattg evaluate`` run of this Python.
 
     .venv/bin/python bench/bench_noisy_expert.py --out runs/noisy_expert [--summary docs/results/bench_noisy_expert.json]
 
 ``expert:EPS`` plays the gold calls and, with probability EPS per turn, a mistake a tool-using agent makes
 (``deltattg.envs.mistakes``); nothing is sampled from a model, and the mistakes are seeded, so a rerun reproduces the
-table. Needs the extras ``[bfcl]`` and ``[tau2]``; an evaluation already under ``--out`` is resumed, not replayed.
+table. AWM plays the six tasks of our two example scenarios (fewer than ``--episodes``). Needs the extras
+``[bfcl]``, ``[tau2]`` and ``[awm]``; an evaluation already under ``--out`` is resumed, not replayed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 EPSILONS = ("0", "0.1", "0.2", "0.4")
-SETTINGS = {"BFCL base": ("bfcl", "base"), "τ² retail/train": ("tau2", "retail/train")}
+SETTINGS = {"BFCL base": ("bfcl", "base"), "τ² retail/train": ("tau2", "retail/train"),
+            "AWM, our example scenarios (6 tasks)": ("awm", "all")}
 
 
 def success(out: Path, env: str, split: str, epsilon: str, episodes: int) -> dict:
