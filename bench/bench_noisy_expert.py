@@ -5,7 +5,7 @@ BFCL, τ² and AWM (docs/environments.md), each cell one ``deltattg evaluate`` r
 
 ``expert:EPS`` plays the gold calls and, with probability EPS per turn, a mistake a tool-using agent makes
 (``deltattg.envs.mistakes``); nothing is sampled from a model, and the mistakes are seeded, so a rerun reproduces the
-table. AWM plays the six tasks of our two example scenarios (fewer than ``--episodes``). Needs the extras
+table. AWM plays every task of our two example scenarios (six, fewer than ``--episodes``). Needs the extras
 ``[bfcl]``, ``[tau2]`` and ``[awm]``; an evaluation already under ``--out`` is resumed, not replayed.
 """
 
@@ -20,14 +20,16 @@ from pathlib import Path
 
 EPSILONS = ("0", "0.1", "0.2", "0.4")
 SETTINGS = {"BFCL base": ("bfcl", "base"), "τ² retail/train": ("tau2", "retail/train"),
-            "AWM, our example scenarios (6 tasks)": ("awm", "all")}
+            "AWM, our example scenarios": ("awm", "all")}
+WHOLE_SPLIT = {"awm"}  # fewer tasks than --episodes: each is played once
 
 
-def success(out: Path, env: str, split: str, epsilon: str, episodes: int) -> dict:
-    """``results.json``'s overall row of ``deltattg evaluate`` for ``expert:EPS`` (run or resumed in ``out``)."""
+def success(out: Path, env: str, split: str, epsilon: str, episodes: int | None) -> dict:
+    """``results.json``'s overall row of ``deltattg evaluate`` for ``expert:EPS`` (run or resumed in ``out``) on the
+    first ``episodes`` tasks of the split (``None``: every task)."""
     actor = "expert" if epsilon == "0" else f"expert:{epsilon}"
     command = [sys.executable, "-m", "deltattg", "evaluate", "--env", env, "--split", split, "--actor", actor,
-               "--episodes", str(episodes), "--out", str(out), "--no-progress"]  # fmt: skip
+               *([] if episodes is None else ["--episodes", str(episodes)]), "--out", str(out), "--no-progress"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench_noisy_expert.py: {' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
@@ -48,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (env, split) in SETTINGS.items():
         cells = []
         for epsilon in EPSILONS:
-            overall = success(args.out / f"{env}-{split.replace('/', '-')}-{epsilon}", env, split, epsilon, args.episodes)
+            episodes = None if env in WHOLE_SPLIT else args.episodes
+            overall = success(args.out / f"{env}-{split.replace('/', '-')}-{epsilon}", env, split, epsilon, episodes)
             cells.append(f"{100 * overall['success']:.1f} ({overall['episodes']})")
         rows.append([name, *cells])
     print(text_table(columns, rows))
