@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from deltattg.summaries import run_deltattg
 
 ARMS = ("natural rollout", "random selection", "progress meter")
 
@@ -26,12 +27,9 @@ def guide(out: Path, seed: int, episodes: int, actor: str, candidates: int) -> d
     path = out / f"seed-{seed}.json"
     if not path.exists():
         out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "deltattg", "guide", "--env", "household", "--short", "--actor", actor,
-                   "--meter", "oracle", "--tokenizer", "smollm2", "--candidates", str(candidates), "--episodes",
-                   str(episodes), "--seed", str(seed), "--json", str(path), "--no-progress"]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"bench_guidance.py: {' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+        run_deltattg(["guide", "--env", "household", "--short", "--actor", actor, "--meter", "oracle", "--tokenizer",
+                      "smollm2", "--candidates", str(candidates), "--episodes", str(episodes), "--seed", str(seed),
+                      "--json", str(path), "--no-progress"])  # fmt: skip
     return json.loads(path.read_text())
 
 

@@ -23,28 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from deltattg.summaries import run_deltattg
+
 RECIPE = ("--model", "smollm2", "--max-message-chars", "1500", "--max-length", "2048", "--pooling", "last+mean",
           "--head-epochs", "10")  # fmt: skip
 FAILURE_COST = 6144.0
 READOUTS = ("expected", "binary")
-
-
-def deltattg(argv: Sequence[str], log: Path) -> float:
-    """Run ``deltattg ARGV`` with this Python (output appended to ``log``); its wall time in seconds."""
-    start = time.perf_counter()
-    with log.open("a") as out:
-        out.write("$ deltattg " + " ".join(argv) + "\n")
-        out.flush()
-        code = subprocess.call([sys.executable, "-m", "deltattg", *argv], stdout=out, stderr=out)
-    if code != 0:
-        raise SystemExit(f"bench_hotpotqa_meter.py: `deltattg {' '.join(argv)}` exited {code}; see {log}")
-    return time.perf_counter() - start
 
 
 def percent(x: float) -> str:
@@ -84,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         train = ["train-meter", str(data), "--split", str(split), "--subset", "train", *RECIPE, "--ensemble",
                  str(size), "--seed", str(seed), "--out", str(meter)]  # fmt: skip
-        seconds = deltattg(train, log)
+        seconds = run_deltattg(train, log)
         start = time.perf_counter()
         reader = RegressionMeter.from_pretrained(meter)
         reader.feature_cache = args.out / "test-features.pt"
@@ -93,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "rows": {name: q.as_dict() for name, q in rows.items()}}
         if key == "ensemble-0":  # the end-to-end check: the user's eval-steps on the same meter
             check = args.out / "eval-steps.json"
-            done[key]["cli_s"] = deltattg(["eval-steps", "--meter", str(meter), "--data", str(data), "--split",
+            done[key]["cli_s"] = run_deltattg(["eval-steps", "--meter", str(meter), "--data", str(data), "--split",
                                            str(split), "--subset", "test", "--readout", *READOUTS, "--json",
                                            str(check), "--no-progress"], log)  # fmt: skip
             done[key]["cli"] = json.loads(check.read_text())

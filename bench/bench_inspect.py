@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from deltattg.summaries import run_deltattg
 
 COLLECT = ["--env", "household", "--short", "--policy", "expert:0.3", "--policy", "expert:0.6", "--episodes", "48",
            "--group-size", "8", "--max-turns", "12"]  # fmt: skip
@@ -50,20 +51,12 @@ STAGES = {"every stage on": [], "soft readout off": ["--no-soft"], "hindsight of
 INSPECT = ["--failure-cost", "256", "--env", "household", "--tokenizer", "smollm2"]
 
 
-def deltattg(*argv: str) -> None:
-    """One ``deltattg`` command of this Python, stopping the benchmark (with its output) when it fails."""
-    command = [sys.executable, "-m", "deltattg", *argv]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"bench_inspect.py: {' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-
-
 def inspected(out: Path, name: str, inputs: Sequence[str], methods: str, *flags: str) -> dict:
     """``inspect.json`` of ``deltattg inspect INPUTS --methods M FLAGS`` in ``out/name`` (run unless it is there)."""
     folder = out / name
     if not (folder / "inspect.json").is_file():
-        deltattg("inspect", *(str(out / f"{i}.jsonl") for i in inputs), "--methods", methods, *INSPECT, *flags,
-                 "--out", str(folder))  # fmt: skip
+        run_deltattg(["inspect", *(str(out / f"{i}.jsonl") for i in inputs), "--methods", methods, *INSPECT, *flags,
+                      "--out", str(folder)])  # fmt: skip
     return json.loads((folder / "inspect.json").read_text())
 
 
@@ -123,11 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pool = args.out / "pool.jsonl"
     if not pool.is_file():
-        deltattg("collect", *COLLECT, "--out", str(pool), "--no-progress")
+        run_deltattg(["collect", *COLLECT, "--out", str(pool), "--no-progress"])
     for name, errors in METERS.items():
         if not (args.out / f"{name}.jsonl").is_file():
-            deltattg("score", str(pool), "--meter", "oracle", *errors, "--tokenizer", "smollm2", "--no-progress",
-                     "--out", str(args.out / f"{name}.jsonl"))  # fmt: skip
+            run_deltattg(["score", str(pool), "--meter", "oracle", *errors, "--tokenizer", "smollm2", "--no-progress",
+                          "--out", str(args.out / f"{name}.jsonl")])  # fmt: skip
     from deltattg.report import text_table
     from deltattg.summaries import write_summary
 

@@ -16,11 +16,11 @@ Spearman's ρ of the labels' Token-to-Go against the planner's where both give o
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from deltattg.summaries import run_deltattg
 
 POOL = ("--env", "household", "--short", "--policy", "expert:0.3", "--policy", "expert:0.6", "--policy", "random",
         "--episodes", "24", "--group-size", "4", "--max-turns", "12", "--tokenizer", "smollm2", "--seed", "0")  # fmt: skip
@@ -33,15 +33,6 @@ SOURCES = {
     "best-of-k, expert:0.3 × 4 (machinery check)": ("--labels", "best-of-k", "--completer", "expert:0.3",
                                                      "--completions", "4", *ENV),
 }
-
-
-def deltattg(argv: Sequence[str]) -> float:
-    """Run ``deltattg ARGV`` with this Python; its wall time in seconds (a failure stops the benchmark)."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "deltattg", *argv], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"bench_labels.py: deltattg {' '.join(argv)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    return time.perf_counter() - start
 
 
 def class_recalls(labels: Sequence[Sequence], planner: Sequence[Sequence]) -> tuple[float, float, int, int]:
@@ -74,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pool = args.out / "pool.jsonl"
     if not pool.exists():
-        deltattg(["collect", *POOL, "--out", str(pool), "--no-progress"])
+        run_deltattg(["collect", *POOL, "--out", str(pool), "--no-progress"])
     trajectories = [item.trajectory for item in read_trajectory_file(str(pool)).items]
     planner = read_states(OracleMeter(load_tokenizer("smollm2")), trajectories)[0]
     columns = ("labels", "planner-completable labelled completable %", "planner-hopeless labelled hopeless %",
@@ -82,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for name, options in SOURCES.items():
         out = args.out / f"labels-{options[1]}-{len(rows)}.jsonl"
-        seconds = deltattg(["labels", str(pool), *options, "--tokenizer", "smollm2", "--out", str(out),
-                            "--no-progress"]) if not out.exists() else float("nan")  # fmt: skip
+        seconds = None if out.exists() else run_deltattg(["labels", str(pool), *options, "--tokenizer", "smollm2",
+                                                          "--out", str(out), "--no-progress"])  # fmt: skip
         by_id: dict[str, list] = {}
         for _, record in read_jsonl(out):
             by_id.setdefault(record["id"], []).append(record)
@@ -92,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         completable, hopeless, n_completable, n_hopeless = class_recalls(readings, planner)
         agreement = agreement_of(readings, planner)
         rows.append([name, f"{100 * completable:.1f}", f"{100 * hopeless:.1f}", f"{agreement.b_balanced_accuracy:.3f}",
-                     f"{agreement.ttg_spearman:.3f}", "–" if seconds != seconds else f"{seconds:.0f}"])
+                     f"{agreement.ttg_spearman:.3f}", "–" if seconds is None else f"{seconds:.0f}"])
     print(f"{len(trajectories)} trajectories; the planner reads {n_completable} states completable and {n_hopeless} "
           "hopeless")  # fmt: skip
     print(text_table(columns, rows))

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from deltattg.summaries import run_deltattg
 
 EPSILONS = ("0", "0.1", "0.2", "0.4")
 
@@ -46,11 +47,8 @@ def success(out: Path, setting: Setting, epsilon: str, episodes: int) -> dict:
     """``results.json``'s overall row of ``deltattg evaluate`` for ``expert:EPS`` (run or resumed in ``out``) on the
     first ``episodes`` tasks of the split (every task for a ``whole`` setting)."""
     actor = "expert" if epsilon == "0" else f"expert:{epsilon}"
-    command = [sys.executable, "-m", "deltattg", "evaluate", *setting.env, "--split", setting.split, "--actor", actor,
-               *([] if setting.whole else ["--episodes", str(episodes)]), "--out", str(out), "--no-progress"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"bench_noisy_expert.py: {' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    run_deltattg(["evaluate", *setting.env, "--split", setting.split, "--actor", actor,
+                  *([] if setting.whole else ["--episodes", str(episodes)]), "--out", str(out), "--no-progress"])
     return json.loads((out / "results.json").read_text())["overall"]
 
 

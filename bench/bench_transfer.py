@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deltattg.summaries import run_deltattg
+
 TRAIN_POLICIES = ("expert:0.1", "expert:0.3", "expert:0.6")
 HELDOUT_POLICIES = ("expert:0.3", "expert:0.6")
 GUIDE_ACTOR = "expert:0.5"
@@ -80,19 +82,6 @@ def domains(alfworld: str | None, search_data: Path | None) -> dict[str, Domain]
     return out
 
 
-def run(argv: Sequence[str], log: Path) -> None:
-    """``deltattg ARGV`` with this Python; its output appended to ``log``; a failure stops the study."""
-    command = [sys.executable, "-m", "deltattg", *argv]
-    with log.open("a") as out:
-        out.write("$ deltattg " + " ".join(argv) + "\n")
-        out.flush()
-        start = time.perf_counter()
-        code = subprocess.call(command, stdout=out, stderr=out)
-        out.write(f"[{time.perf_counter() - start:.0f} s, exit {code}]\n")
-    if code != 0:
-        raise SystemExit(f"bench_transfer: `deltattg {' '.join(argv)}` exited {code}; see {log}")
-
-
 def pools(domain: Domain, out: Path, log: Path) -> tuple[Path, Path]:
     """The domain's training and held-out pools (collected unless present)."""
     folder = out / domain.name
@@ -108,7 +97,7 @@ def pools(domain: Domain, out: Path, log: Path) -> tuple[Path, Path]:
                     "--episodes", str(episodes), "--group-size", str(domain.group_size), "--max-turns",
                     str(domain.max_turns), "--tokenizer", "smollm2", "--seed", str(seed), "--out", str(path),
                     "--no-progress"]  # fmt: skip
-            run(argv, log)
+            run_deltattg(argv, log)
         made.append(path)
     return made[0], made[1]
 
@@ -117,7 +106,7 @@ def meter(domain: Domain, train: Path, out: Path, log: Path, max_length: int) ->
     """The domain's regression meter (trained unless present)."""
     folder = out / domain.name / "meter"
     if not (folder / "meter_config.json").exists():
-        run(["train-meter", str(train), "--out", str(folder), "--kind", "regression", "--model", "smollm2",
+        run_deltattg(["train-meter", str(train), "--out", str(folder), "--kind", "regression", "--model", "smollm2",
              "--max-length", str(max_length), "--max-message-chars", "1500", "--turn-limit", "none", "--seed", "0"],
             log)  # fmt: skip
     return folder
@@ -196,7 +185,7 @@ def guidance(domain: Domain, meter_name: str, meter_folder: Path, out: Path, log
     path = out / "guide" / f"{domain.name}--{meter_name}.json"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        run(["guide", *domain.env, "--split", domain.heldout_split, "--actor", GUIDE_ACTOR, "--candidates", "4",
+        run_deltattg(["guide", *domain.env, "--split", domain.heldout_split, "--actor", GUIDE_ACTOR, "--candidates", "4",
              "--episodes", str(domain.guide_episodes), "--max-turns", str(domain.max_turns), "--seed", "0",
              "--meter", str(meter_folder), "--json", str(path), "--no-progress"], log)  # fmt: skip
     return json.loads(path.read_text())
@@ -289,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.agentprocessbench and "search" in args.domains:
         search_data = out / "search-data"
         if not (search_data / "corpus.jsonl").exists():
-            run(["search-data", str(Path(args.agentprocessbench) / "hotpotqa.jsonl"), "--out", str(search_data)], log)
+            run_deltattg(["search-data", str(Path(args.agentprocessbench) / "hotpotqa.jsonl"), "--out", str(search_data)], log)
     available = domains(args.alfworld, search_data)
     skipped = {d: "no data: --alfworld / --agentprocessbench" for d in args.domains if d not in available}
     chosen = {d: available[d] for d in args.domains if d in available}

@@ -1,5 +1,5 @@
-"""Tables of the small benchmark scripts: bench_guidance.py (a row per seed, every arm) and bench_labels.py (each
-planner class apart)."""
+"""The small benchmark scripts: bench_guidance.py's table (a row per seed, every arm), bench_labels.py's recalls
+(each planner class apart), and run_deltattg, which every benchmark runs the user's commands with."""
 
 from __future__ import annotations
 
@@ -32,3 +32,21 @@ def test_label_class_recalls_count_each_planner_class_apart():
     labels = [[no, yes, no, None], [no]]
     planner = [[yes, yes, no, yes], [yes]]
     assert bench.class_recalls(labels, planner) == (1 / 3, 1.0, 3, 1)
+
+
+def test_run_deltattg_logs_each_command_and_stops_the_benchmark_on_a_failure(tmp_path):
+    """The benchmarks' one way to run the user's commands: output appended to the log after the command line, the
+    exit status and time after it; a failing command raises SystemExit naming it and the log (or its stderr)."""
+    import pytest
+
+    from deltattg.summaries import run_deltattg
+
+    log = tmp_path / "commands.log"
+    assert run_deltattg(["methods"], log) > 0
+    text = log.read_text()
+    assert text.startswith("$ deltattg methods\n") and "deltattg_robust" in text and ", exit 0]" in text
+    missing = str(tmp_path / "missing.jsonl")
+    with pytest.raises(SystemExit, match=f"`deltattg labels {missing} --out .*` exited 2:\nsee {log}"):
+        run_deltattg(["labels", missing, "--out", str(tmp_path / "l.jsonl")], log)
+    with pytest.raises(SystemExit, match="exited 2:\n.*missing.jsonl"):
+        run_deltattg(["labels", missing, "--out", str(tmp_path / "l.jsonl")])

@@ -13,9 +13,33 @@ import json
 import os
 import platform
 import shlex
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+
+def run_deltattg(argv: Sequence[str], log: str | os.PathLike | None = None) -> float:
+    """Run ``deltattg ARGV`` with this Python, as a benchmark runs the user's commands; returns its wall time in
+    seconds. Its output is appended to ``log`` (after a ``$ deltattg ...`` line) or kept in memory; a command that
+    fails stops the benchmark (``SystemExit`` naming it, with the end of its output or the log to read)."""
+    command = [sys.executable, "-m", "deltattg", *argv]
+    start = time.perf_counter()
+    if log is None:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        code, tail = done.returncode, done.stderr[-2000:]
+    else:
+        with open(log, "a") as out:
+            out.write("$ deltattg " + shlex.join(argv) + "\n")
+            out.flush()
+            code = subprocess.call(command, stdout=out, stderr=out)
+            out.write(f"[{time.perf_counter() - start:.0f} s, exit {code}]\n")
+        tail = f"see {log}"
+    if code != 0:
+        raise SystemExit(f"`deltattg {shlex.join(argv)}` exited {code}:\n{tail}")
+    return time.perf_counter() - start
 
 
 def machine() -> dict[str, Any]:
