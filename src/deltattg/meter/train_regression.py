@@ -162,8 +162,8 @@ def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Pat
     todo_by_key = {key: w for key, w in zip(keys, windows) if key not in known}
     if todo_by_key:
         missing, todo = list(todo_by_key), list(todo_by_key.values())
-        if known:
-            reused = sum(key in known for key in keys)
+        reused = sum(key in known for key in keys)
+        if reused:  # a pool that grew, or heads retrained on another pool's windows too
             print(f"deltattg: features of {reused} of {len(windows)} windows cached, computing {len(todo)}",
                   file=sys.stderr)  # fmt: skip
         step = 16
