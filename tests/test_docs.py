@@ -134,10 +134,6 @@ def test_every_summary_figure_is_committed_and_drawn_from_its_summary():
         figure_png({"kind": "pie"})
 
 
-# Pages whose measured tables are still typed by hand (issue 36 stays open until this is empty).
-NOT_YET_GENERATED = {
-    "docs/concepts/meter.md": "cross-domain transfer and AgentProcessBench tables (bench_transfer has no --summary yet)",
-}
 # Tables of settings (not measurements) that a test checks against the code they describe, by page and test.
 CHECKED_AGAINST_CODE = {
     "docs/verl.md": "tests/verl_plugin/test_verl_plugin.py::test_the_launch_recipe_composes_with_verls_config",
@@ -160,9 +156,7 @@ def test_every_measured_table_is_generated_from_a_summary():
     for page in summary.pages():
         name = str(page.relative_to(REPO))
         rows = hand_typed_measured_rows(page.read_text(encoding="utf-8"))
-        if name in NOT_YET_GENERATED:
-            assert rows, f"{name} has no hand-typed table left: drop it from NOT_YET_GENERATED"
-        elif rows and name not in CHECKED_AGAINST_CODE:
+        if rows and name not in CHECKED_AGAINST_CODE:
             typed[name] = rows[:2]
     assert not typed, f"measured tables typed by hand (generate them from a summary): {typed}"
     for name, test in CHECKED_AGAINST_CODE.items():
