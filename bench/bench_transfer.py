@@ -144,40 +144,32 @@ def load_meters(folders: dict[str, Path]):
     return meters
 
 
-def step_quality_cells(meters: dict, target: str, trajectories: Sequence, features_path: Path) -> dict[str, dict]:
-    """Every meter's step quality on ``trajectories`` (records with ``step_labels``), from shared features."""
-    import torch
-
-    from deltattg.meter.step_quality import labelled_steps, step_judgements, step_quality
+def step_quality_cells(meters: dict, target: str, items: Sequence, features_path: Path) -> dict[str, dict]:
+    """Every meter's pooled ``eval-steps`` row on ``items`` (located records with ``step_labels``), with its Wilson
+    interval. The backbone reads the pool once into ``features_path``; each meter's head reads the shared features."""
+    from deltattg.meter.commands import evaluate_steps
     from deltattg.meter.train_regression import cached_features
 
     reference = next(iter(meters.values()))
-    plans = [reference.windows(t.messages) for t in trajectories]
-    flat = [w for plan in plans for w in plan]
-    features = cached_features(reference, flat, features_path, progress=True)
+    windows = [w for item in items for w in reference.windows(item.trajectory.messages)]
+    cached_features(reference, windows, features_path, progress=True)
     cells = {}
     for name, m in meters.items():
-        with torch.no_grad():
-            readings = m.readings(m.head(features))
-        pairs, k = [], 0
-        for t, plan in zip(trajectories, plans):
-            n = sum(len(w.steps) for w in plan)
-            judged = step_judgements(readings[k : k + n], 6144.0)
-            k += n
-            pairs += [(label, judged[s]) for s, label in sorted(labelled_steps(t.messages, t.extra["step_labels"]).items())]
-        q = step_quality(pairs)
+        m.feature_cache = features_path
+        q = evaluate_steps(items, m, 6144.0, progress=False)["pooled"]["meter (binary)"]
         cells[name] = q.as_dict() | {"accuracy_ci": wilson(q.correct, q.steps), "target": target}
     return cells
 
 
 def labelled(path: Path, split: Path | None = None, subset: str = "test") -> list:
+    """The located records of ``path`` (its ``subset`` of ``split`` when given) that carry ``step_labels``."""
     from deltattg.cli.common import read_records
     from deltattg.meter.commands import select_split
 
     items = read_records(str(path), False)
     if split is not None:
         items = select_split(items, str(split), subset)
-    return [i.trajectory for i in items if i.trajectory.extra.get("step_labels")]
+    return [i for i in items if i.trajectory.extra.get("step_labels")]
 
 
 def guidance(domain: Domain, meter_name: str, meter_folder: Path, out: Path, log: Path) -> dict:
@@ -297,9 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         apb = Path(args.agentprocessbench)
         targets["apb-hotpotqa"] = labelled(apb / "hotpotqa.jsonl", apb / "split.json")
     quality: dict[str, dict] = {name: {} for name in meters}
-    for target, trajectories in targets.items():
-        print(f"[transfer] step quality on {target}: {len(trajectories)} labelled trajectories", file=sys.stderr)
-        cells = step_quality_cells(meters, target, trajectories, out / "features" / f"{target}.pt")
+    for target, items in targets.items():
+        print(f"[transfer] step quality on {target}: {len(items)} labelled trajectories", file=sys.stderr)
+        cells = step_quality_cells(meters, target, items, out / "features" / f"{target}.pt")
         for name, cell in cells.items():
             quality[name][target] = cell
 

@@ -25,6 +25,18 @@ class NotOnThisMachine(pytest.skip.Exception):
     """A skip for what this machine cannot do; kept a skip under ``DELTATTG_REQUIRE_DATA=1``."""
 
 
+def bench_script(name: str):
+    """``bench/<name>.py`` imported as its own module (registered in ``sys.modules``: its dataclasses look their
+    module up there), as the tests of the benchmark scripts read them."""
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def skip_here(reason: str) -> NoReturn:
     """Skip a test this machine cannot run (not for missing data or extras: those fail in CI)."""
     raise NotOnThisMachine(reason)

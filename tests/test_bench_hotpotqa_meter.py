@@ -3,20 +3,13 @@ the end-to-end ``eval-steps`` row, the baselines and the costs, from the evaluat
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_hotpotqa_meter", REPO / "bench" / "bench_hotpotqa_meter.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return bench_script("bench_hotpotqa_meter")
 
 
 def quality(accuracy: float, balanced: float, ties: int = 0) -> dict:

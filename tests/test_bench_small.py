@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
+import pytest
+from conftest import bench_script
 
 
 def test_the_guidance_table_has_a_row_per_seed_with_every_arm():
-    spec = importlib.util.spec_from_file_location("bench_guidance", REPO / "bench" / "bench_guidance.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    bench = bench_script("bench_guidance")
     arms = [{"name": "progress meter", "success": 1.0, "steps": 6.25}, {"name": "natural rollout", "success": 0.5,
             "steps": 15.0}, {"name": "random selection", "success": 1 / 3, "steps": 14.96}]  # fmt: skip
     columns, rows = bench.guidance_table({3: {"candidates": 4, "episodes": 30, "arms": arms}})
@@ -25,9 +21,7 @@ def test_label_class_recalls_count_each_planner_class_apart():
     states labelled hopeless; states either side leaves unread do not count."""
     from deltattg.data.trajectory import MeterOutput
 
-    spec = importlib.util.spec_from_file_location("bench_labels", REPO / "bench" / "bench_labels.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    bench = bench_script("bench_labels")
     yes, no = MeterOutput(True, 10.0), MeterOutput(False, None)
     labels = [[no, yes, no, None], [no]]
     planner = [[yes, yes, no, yes], [yes]]
@@ -37,8 +31,6 @@ def test_label_class_recalls_count_each_planner_class_apart():
 def test_run_deltattg_logs_each_command_and_stops_the_benchmark_on_a_failure(tmp_path):
     """The benchmarks' one way to run the user's commands: output appended to the log after the command line, the
     exit status and time after it; a failing command raises SystemExit naming it and the log (or its stderr)."""
-    import pytest
-
     from deltattg.summaries import run_deltattg
 
     log = tmp_path / "commands.log"

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_script
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench_train():
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # the documented recipe: dataclasses look their module up there
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return bench_script("bench_train")
 
 
 def write_run(folder: Path, curve: list[float], step_seconds: list[float], code: str = "abc",

@@ -3,30 +3,22 @@ quality equals what ``eval-steps`` gives that meter alone; intervals are Wilson'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import bench_script
+from test_meter_regression import episode, tiny_meter
 
 from deltattg.cli.common import read_records
 from deltattg.meter.commands import evaluate_steps
 from deltattg.meter.regression import RegressionMeter, make_head
-from test_meter_regression import episode, tiny_meter
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench_transfer():
-    spec = importlib.util.spec_from_file_location("bench_transfer", REPO / "bench" / "bench_transfer.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_transfer"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return bench_script("bench_transfer")
 
 
 def completable_head(meter: RegressionMeter, seed: int) -> RegressionMeter:
@@ -54,14 +46,16 @@ def test_shared_features_give_each_meter_its_own_step_quality(bench_transfer, tm
             out.write(json.dumps({"id": f"t{k}", "group": f"g{k}", "reward": float(k % 2), "success": bool(k % 2), "messages": messages,
                                   "step_labels": labels}) + "\n")  # fmt: skip
     items = read_records(str(path), False)
-    cells = bench_transfer.step_quality_cells({"a": first, "b": second}, "pool", [i.trajectory for i in items],
+    alone = {name: evaluate_steps(items, meter, 6144.0, progress=False)["pooled"]["meter (binary)"].as_dict()
+             for name, meter in (("a", first), ("b", second))}  # each meter reading the pool through its backbone
+    cells = bench_transfer.step_quality_cells({"a": first, "b": second}, "pool", items,
                                               tmp_path / "features.pt")  # fmt: skip
     assert (tmp_path / "features.pt").exists()
-    for name, meter in (("a", first), ("b", second)):
-        alone = evaluate_steps(items, meter, 6144.0, progress=False)["pooled"]["meter (binary)"].as_dict()
-        assert {k: cells[name][k] for k in alone} == alone, name
+    assert first.feature_cache == second.feature_cache == tmp_path / "features.pt"
+    for name in ("a", "b"):
+        assert {k: cells[name][k] for k in alone[name]} == alone[name], name
         low, high = cells[name]["accuracy_ci"]
-        assert low <= alone["accuracy"] <= high
+        assert low <= alone[name]["accuracy"] <= high
     assert all(0 < cells[name]["correct"] < cells[name]["steps"] for name in cells)
     assert cells["a"]["correct"] != cells["b"]["correct"]  # two heads, two readings of the same features
 

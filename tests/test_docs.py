@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_script
+from docblocks import MARK, bash_blocks, documentation_pages
 
 from deltattg.cli import DOC_PAGES, build_parser
-from docblocks import MARK, bash_blocks, documentation_pages
 
 REPO = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 250
@@ -90,12 +91,7 @@ def test_every_bash_block_is_run_by_a_test_or_marked(block):
 @functools.cache
 def summary_module():
     """bench/summary.py (the results tables' generator), imported once as the benchmarks import it."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("summary", REPO / "bench" / "summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("summary")
 
 
 def test_every_generated_results_table_matches_its_committed_summary():
