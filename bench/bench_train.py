@@ -141,7 +141,7 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed
         if generative_missing:
             train_generative_meter(config, train_pool, folder / GENERATIVE_METER, heldout_pool)
         for source in sources_missing:  # labels of every pool state (held-out ones calibrate), then the meter
-            settings = label_settings(config, source, actor.spec, folder / meter_folder(0))
+            settings = label_settings(config, source, folder / meter_folder(0))
             labels, report = pool_labels(config, world, actor, pool, settings, folder / f"labels-{source}.jsonl")
             meter = folder / labelled_meter(source)
             train_meter(config, train_pool, actor.tokenizer, meter, heldout_pool, labels=labels, labelling=settings)

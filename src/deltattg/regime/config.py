@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TINY = "tiny"
-ACTOR_IN_POOL = "actor"  # the pool entry that stands for the behaviour-cloned base actor ("lm:<its folder>")
+ACTOR_IN_POOL = "actor"  # the behaviour-cloned base actor (lm:<its folder>), in the pool and as the label completer; its
+# trajectories are named "actor/TASK#k" wherever the run folder lives
 
 HOUSEHOLD_OPTIONS: dict[str, Any] = {  # HouseholdConfig knobs over HouseholdConfig.short()
     "task_types": ["pick_and_place_simple", "pick_clean_then_place_in_recep"],

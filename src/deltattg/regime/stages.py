@@ -17,7 +17,7 @@ import random
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from deltattg.meter.commands import calibrate_meter, completion_targets
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
 from deltattg.meter.train_regression import RegressionTrainConfig, records_examples, train_regression_meter
 from deltattg.regime.config import ACTOR_IN_POOL, RegimeConfig
-from deltattg.rollout.collect import build_policy, collect, parse_policy
+from deltattg.rollout.collect import PolicySpec, build_policy, collect, parse_policy
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
 from deltattg.rollout.prompts import PromptConfig
 from deltattg.tiny import tiny_llama
@@ -138,14 +138,17 @@ def base_actor(config: RegimeConfig, world: World, folder: Path) -> BaseActor:
 
 
 # ---- stage 2: the trajectory pool ------------------------------------------------------------------------------------
-def pool_specs(config: RegimeConfig, actor: BaseActor) -> list[str]:
-    return [f"lm:{actor.spec}" if spec == ACTOR_IN_POOL else spec for spec in config.pool]
+def pool_specs(config: RegimeConfig, actor: BaseActor) -> list[PolicySpec]:
+    """The pool's policies; the base actor's trajectories are named ``actor``, not after its folder, so that a run
+    folder read from elsewhere (moved, linked) finds its labels by the same trajectory ids."""
+    return [replace(parse_policy(f"lm:{actor.spec}"), alias=ACTOR_IN_POOL) if spec == ACTOR_IN_POOL
+            else parse_policy(spec) for spec in config.pool]  # fmt: skip
 
 
 def collect_pool(config: RegimeConfig, world: World, actor: BaseActor) -> list[Trajectory]:
     """``pool_episodes`` episodes of every pool policy on the same training tasks, each step's token count (the
     Token-to-Go unit) in the actor's tokenizer: generated ids for the LM, the rendered action for the others."""
-    specs = [parse_policy(spec) for spec in pool_specs(config, actor)]
+    specs = pool_specs(config, actor)
     pool = collect(world.make_env, config.train_split, specs, episodes=config.pool_episodes,
                    group_size=config.pool_group_size, seed=config.seed, sampling=sampling(config),
                    max_turns=config.max_turns, prompt=world.prompt, progress=False)  # fmt: skip
@@ -192,13 +195,10 @@ def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokeni
     return report
 
 
-def label_settings(config: RegimeConfig, source: str, actor_spec: str, bootstrap_meter: Path | None = None
-                   ) -> LabelSettings:
-    """The regime's label source ``source``: completions by ``config.label_completer`` (the base actor at
-    ``actor_spec`` by default), ``config.label_completions`` per state; ``td`` bootstrapped from ``bootstrap_meter``."""
-    completer = None
-    if source in REPLAYED_SOURCES:
-        completer = f"lm:{actor_spec}" if config.label_completer == ACTOR_IN_POOL else config.label_completer
+def label_settings(config: RegimeConfig, source: str, bootstrap_meter: Path | None = None) -> LabelSettings:
+    """The regime's label source ``source``: completions by ``config.label_completer`` (``actor``, the run's base
+    actor, by default), ``config.label_completions`` per state; ``td`` bootstrapped from ``bootstrap_meter``."""
+    completer = config.label_completer if source in REPLAYED_SOURCES else None
     return LabelSettings(source, completer=completer, completions=config.label_completions, seed=config.seed,
                          bootstrap_meter=str(bootstrap_meter) if source == "td" else None, td_lambda=config.td_lambda,
                          until_success=config.label_until_success and source == "best-of-k")
@@ -213,7 +213,7 @@ def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequ
     from deltattg.rollout.label_sources import make_labels
 
     def completer():
-        if settings.completer == f"lm:{actor.spec}":
+        if settings.completer == ACTOR_IN_POOL:
             from deltattg.hf import load_causal_lm
 
             model = actor.model if actor.model is not None else load_causal_lm(actor.spec).eval()

@@ -28,6 +28,7 @@ class PolicySpec:
     kind: str  # expert | random | lm | vllm | react | reflexion
     epsilon: float = 0.0
     model: str | None = None
+    alias: str | None = None  # the trajectories' policy name instead of the spec (the regime's base actor: "actor")
 
     @property
     def is_model(self) -> bool:
@@ -36,6 +37,9 @@ class PolicySpec:
 
     @property
     def name(self) -> str:
+        """What the trajectories' ids and ``policy`` say: the alias, else ``expert-epsE``, ``random`` or the spec."""
+        if self.alias is not None:
+            return self.alias
         if self.kind == "expert":
             return f"expert-eps{self.epsilon:g}"
         return f"{self.kind}:{self.model}" if self.is_model else self.kind
@@ -43,7 +47,9 @@ class PolicySpec:
     @property
     def text(self) -> str:
         """The spec as :func:`parse_policy` reads it back (``expert:0.3``, ``random``, ``lm:MODEL``)."""
-        return f"expert:{self.epsilon:g}" if self.kind == "expert" else self.name
+        if self.kind == "expert":
+            return f"expert:{self.epsilon:g}"
+        return f"{self.kind}:{self.model}" if self.is_model else self.kind
 
     def resolved(self) -> PolicySpec:
         """The same spec with a local model path (``hf.looks_local``; the folder of ``DIR::FILE.gguf``) made
