@@ -29,7 +29,9 @@ Every run is stamped (``bench.json`` in its folder) with the code revision it ra
 for uncommitted changes) and the SHA-256 of its seed's shared settings (``train.yaml``). A finished run is reused only
 when both match the current ones; the report refuses to pair runs of different revisions or settings unless
 ``--allow-mixed`` (which also reuses any finished run) — and then its table says which arms ran which revision.
-``--report-only`` redraws from the runs.
+``--report-only`` redraws from the runs. ``--archive DIR`` also copies what the report reads of each run (seed
+settings, stamps, metrics; no checkpoints) to ``DIR``, where seeds run under several ``--out`` folders gather and
+``--report-only --out DIR`` redraws the tables: the household table's runs are kept that way in ``bench/results``.
 
 ``--speed N`` instead times N training steps of GRPO from one seed's actor with the old step (θ_old recomputed by a
 forward pass, every row reading its own prompt: ``optim.recompute_old_logprobs=true run.share_prompts=false``) and
@@ -63,6 +65,7 @@ import yaml
 
 from deltattg.regime.comparison import (
     COLLAPSE_AT,
+    CURVE_METRIC,
     Estimate,
     area_under_curve,
     first_step_reaching,
@@ -87,7 +90,7 @@ from deltattg.regime.stages import (
     train_meter,
     trainer_settings,
 )
-from deltattg.data.jsonl import read_jsonl
+from deltattg.data.jsonl import atomic_output, read_jsonl
 from deltattg.data.labels import LABEL_SOURCES
 from deltattg.data.sources import split_by_task
 from deltattg.report import markdown_table
@@ -452,6 +455,43 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
     return text + "\n", figures
 
 
+# ---- archive -------------------------------------------------------------------------------------------------------
+def archived_metrics() -> tuple[str, ...]:
+    """The metrics the report reads of a run: its steps, evaluations, test split, step times and training readings."""
+    return ("step", CURVE_METRIC, TEST_METRIC, "time/step", *(metric for _, metric, _, _ in TRAINING_READINGS))
+
+
+def archive_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[Path]:
+    """Copy what the report reads of each (seed, arm) run under ``--out`` to ``--archive``: the seed's ``train.yaml``,
+    each arm's stamp and its metrics reduced to :func:`archived_metrics` (no actors, pools or checkpoints: a few KB
+    per run, small enough to commit beside the summary). ``--report-only --out ARCHIVE`` redraws the same tables, and
+    seeds run under different ``--out`` folders (other days, other machines of the same kind) gather in one archive,
+    where the report pairs them only if their stamps agree. A run already archived from another run (its stamp
+    differs) is refused, naming both files; an unfinished run is refused before anything is written."""
+    config_steps = {seed: seed_config(args, seed).steps for seed in args.seeds}
+    units = [(seed, arm) for seed in args.seeds for arm in arms]
+    for seed, arm in units:
+        run = args.out / f"seed-{seed}" / arm.folder
+        if not finished(run, config_steps[seed]) or read_stamp(run) is None:
+            raise ValueError(f"{run}: not a finished, stamped run: nothing archived")
+        kept = args.archive / f"seed-{seed}" / arm.folder / STAMP
+        if kept.exists() and read_stamp(kept.parent) != read_stamp(run):
+            raise ValueError(f"{kept}: archived from another run than {run / STAMP}: nothing archived")
+    written, keys = [], archived_metrics()
+    for seed in args.seeds:
+        source, target = args.out / f"seed-{seed}", args.archive / f"seed-{seed}"
+        files = {target / "train.yaml": (source / "train.yaml").read_text()}
+        for arm in arms:
+            records = [{k: r[k] for k in keys if k in r} for r in read_metrics(source / arm.folder)]
+            files[target / arm.folder / "metrics.jsonl"] = "".join(json.dumps(r) + "\n" for r in records)
+            files[target / arm.folder / STAMP] = (source / arm.folder / STAMP).read_text()
+        for path, text in files.items():
+            with atomic_output(path) as handle:
+                handle.write(text)
+            written.append(path)
+    return written
+
+
 # ---- old vs new step time ------------------------------------------------------------------------------------------
 OLD_STEP = ("optim.recompute_old_logprobs=true", "run.share_prompts=false")
 NEW_STEP = ("optim.recompute_old_logprobs=false", "run.share_prompts=true")
@@ -633,6 +673,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="change one RegimeConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
+    parser.add_argument("--archive", type=Path, metavar="DIR",
+                        help="also copy what the report reads of each finished run (seed settings, stamps, metrics; "
+                        "no checkpoints) to DIR/seed-N, where seeds from several --out folders gather; "
+                        "--report-only --out DIR redraws the tables from it")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="reuse finished runs and actors made otherwise, and pair runs of different revisions, "
                         "settings, torch versions or CPU capabilities (the table says so); default: refuse")
@@ -685,6 +729,8 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         if not args.report_only:
             run_all(args, arms)
         text, figures = report(args, arms, command)
+        if args.archive:
+            print(f"[bench] archived {len(archive_runs(args, arms))} files to {args.archive}", file=sys.stderr)
         (args.out / "bench_train.png").write_bytes(seed_curves_png(figures["steps"], figures["curves"]))
         (args.out / "bench_train.md").write_text(text)
         tables = figures.pop("tables")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,41 @@ def test_a_seed_prepared_with_other_settings_is_made_again(tmp_path, bench_train
     bench_train.prepare_seed(changed, folder, bench_train.Meters())
     assert not (folder / "actor" / "marker").exists() and "preparation_sha256" in capsys.readouterr().err
     assert json.loads((folder / "bench.json").read_text())["preparation_sha256"] != first["preparation_sha256"]
+
+
+def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(tmp_path, bench_train, capsys):
+    """``--archive`` keeps what the report reads (train.yaml, stamps, the report's metrics) of runs under two
+    ``--out`` folders in one folder; ``--report-only`` on it gives the tables the runs give. A run archived from
+    another run, or an unfinished one, is refused and the archive is left as it was."""
+    first, second, archive = tmp_path / "a", tmp_path / "b", tmp_path / "archive"
+    runs = ((first, 0, [0.2, 0.3, 0.4], [0.2, 0.5, 0.6]), (second, 1, [0.3, 0.4, 0.5], [0.3, 0.4, 0.5]))
+    for out, seed, grpo, gigpo in runs:
+        write_run(out / f"seed-{seed}" / "grpo", grpo, [1.0, 2.0], test=0.4 + seed / 10)
+        write_run(out / f"seed-{seed}" / "gigpo", gigpo, [2.0, 3.0], test=0.5 + seed / 10)
+        for name in ("grpo", "gigpo"):  # a reading the report does not take is not archived
+            metrics = out / f"seed-{seed}" / name / "metrics.jsonl"
+            metrics.write_text(metrics.read_text().replace('"time/step"', '"loss": 1.0, "time/step"'))
+        bench_train.main(["--arms", "gigpo", "--seeds", str(seed), "--steps", "20", "--out", str(out),
+                          "--report-only", "--archive", str(archive)])
+    assert "archived 5 files" in capsys.readouterr().err
+    assert "loss" not in (archive / "seed-0" / "grpo" / "metrics.jsonl").read_text()
+    args = ["--arms", "gigpo", "--seeds", "0", "1", "--steps", "20", "--report-only", "--summary"]
+    bench_train.main([*args, str(tmp_path / "from-archive.json"), "--out", str(archive)])
+    for seed, out in ((0, first), (1, second)):  # the same runs gathered by hand, with everything they logged
+        shutil.copytree(out / f"seed-{seed}", tmp_path / "gathered" / f"seed-{seed}")
+    bench_train.main([*args, str(tmp_path / "from-runs.json"), "--out", str(tmp_path / "gathered")])
+    tables = [json.loads((tmp_path / f"{name}.json").read_text())["tables"] for name in ("from-archive", "from-runs")]
+    assert tables[0] == tables[1] and tables[0]["test"]["rows"][1][2].startswith("+10.0")
+    before = {p: p.read_bytes() for p in archive.rglob("*") if p.is_file()}
+    for name in ("grpo", "gigpo"):  # seed 1 run again by another revision
+        stamp = second / "seed-1" / name / "bench.json"
+        stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "code": "def", "prepared_by": "def"}))
+    unfinished = first / "seed-2" / "grpo"
+    write_run(unfinished, [0.2, 0.3], [1.0])
+    write_run(first / "seed-2" / "gigpo", [0.2, 0.3], [1.0])
+    for out, seed, why in ((second, 1, "archived from another run"), (first, 2, "not a finished, stamped run")):
+        with pytest.raises(SystemExit) as exit_info:
+            bench_train.main(["--arms", "gigpo", "--seeds", str(seed), "--steps", "20", "--out", str(out),
+                              "--report-only", "--archive", str(archive)])
+        assert exit_info.value.code == 2 and why in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in archive.rglob("*") if p.is_file()} == before
