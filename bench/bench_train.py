@@ -94,6 +94,7 @@ from deltattg.data.jsonl import atomic_output, read_jsonl
 from deltattg.data.labels import LABEL_SOURCES
 from deltattg.data.sources import split_by_task
 from deltattg.report import markdown_table
+from deltattg.summaries import cpu_model, machine_text
 from deltattg.train import read_metrics, resolve, train
 from deltattg.train.checkpoint import code_revision, config_hash
 
@@ -208,10 +209,11 @@ def settings_hash(settings: dict) -> str:
 
 
 def machine() -> dict:
-    """What decides how a run's numbers round: the torch version and the ATen CPU capability its kernels use."""
+    """What decides how a run's numbers round: the torch version, the ATen CPU capability its kernels use and the CPU
+    model (MKL's kernels follow the CPU: an Intel CPU held to AVX2 kernels does not round as an AMD one does)."""
     import torch
 
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model()}
 
 
 def current_stamp(folder: Path, arm: Arm, config: RegimeConfig) -> dict:
@@ -334,7 +336,8 @@ def training_readings(runs: Sequence[Sequence[dict]]) -> list[str]:
     return cells
 
 
-PAIRED_ALIKE = {"regime_sha256": "regime settings", "torch": "torch versions", "cpu_capability": "CPU capabilities"}
+PAIRED_ALIKE = {"regime_sha256": "regime settings", "torch": "torch versions", "cpu_capability": "CPU capabilities",
+                "cpu": "CPU models"}
 # A seed's preparation settings include the seed: alike across one seed's arms, not across seeds (the regime's hash,
 # seed aside, already holds every other preparation setting).
 
@@ -377,6 +380,22 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
                          + "\n  ".join(problems))
     return [f"{code}: {len(runs)} runs" for code, runs in by_code.items()] + (
         [f"**mixed** (--allow-mixed): {p}" for p in problems] if problems else [])
+
+
+def runs_machines(args: argparse.Namespace, arms: Sequence[Arm]) -> list[dict]:
+    """Where the runs under ``--out`` ran, by their stamps: one entry per CPU model, ATen capability and torch version,
+    with its seeds (what a report drawn elsewhere, or from an archive gathered on several machines, says it measured;
+    runs stamped before stamps named the CPU model say so)."""
+    seeds: dict[tuple[str, str, str], list[int]] = {}
+    for seed in args.seeds:
+        for arm in arms:
+            stamp = read_stamp(args.out / f"seed-{seed}" / arm.folder) or {}
+            key = tuple(str(stamp.get(name, "not stamped")) for name in ("cpu", "cpu_capability", "torch"))
+            if seed not in seeds.setdefault(key, []):
+                seeds[key].append(seed)
+    return [{"cpu": cpu if cpu != "not stamped" else "a CPU whose model the runs did not stamp",
+             "aten_capability": capability, "torch": torch, "seeds": group}
+            for (cpu, capability, torch), group in seeds.items()]  # fmt: skip
 
 
 ARMS_HEADER = ("arm", "start %", "final %", "area under curve %", "final − GRPO (points)", "area − GRPO (points)",
@@ -433,6 +452,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "difference whose interval includes 0 is no difference. Collapses: seeds whose held-out success fell to "
         f"≤ {100 * COLLAPSE_AT:.0f} % at an evaluation after the start.",
         "Code revisions: " + "; ".join(revisions) + ".",
+        f"Machines: {machine_text({'runs': runs_machines(args, arms)})}.",
         markdown_table(ARMS_HEADER, rows),
         f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
         "curve never reaches it (in the point estimate or a resample).",
@@ -718,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
     """What the command line asks for; returns what to print (and writes ``--summary``)."""
-    summary_figures = {}
+    summary_figures, measured_on = {}, None
     if args.speed:
         text, tables = speed(args)
     elif args.overhead:
@@ -735,12 +755,13 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         (args.out / "bench_train.md").write_text(text)
         tables = figures.pop("tables")
         summary_figures = {"curves": {"kind": "seed_curves", "steps": figures["steps"], "curves": figures["curves"]}}
+        measured_on = {"runs": runs_machines(args, arms)}  # the runs' machines, wherever this report is drawn
         (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
     if args.summary:
         from deltattg.summaries import write_summary
 
-        write_summary(args.summary, "bench_train", shlex.split(command),
-                      tables, figures=summary_figures)
+        write_summary(args.summary, "bench_train", shlex.split(command), tables, figures=summary_figures,
+                      measured_on=measured_on)
     return text
 
 

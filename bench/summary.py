@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deltattg.summaries import figure_png
+from deltattg.summaries import figure_png, machine_text
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
@@ -33,11 +33,10 @@ def render(summary: dict[str, Any], name: str) -> str:
     data = summary["tables"][name]
     lines = ["| " + " | ".join(data["columns"]) + " |", "|" + "---|" * len(data["columns"])]
     lines += ["| " + " | ".join(row) + " |" for row in data["rows"]]
-    box = summary["machine"]
     commit = str(summary["commit"] or "unknown revision")
     commit = commit[:12] + ("+dirty" if "+dirty" in commit else "")  # uncommitted changes: said, not hidden
-    lines += ["", f"<sub>`{summary['command']}` at {commit}, {summary['date']}; {box['cpu']}, {box['cores']} cores "
-                  f"(load {box['load']}), torch {box['torch']} ({box['aten_capability']}).</sub>", ""]  # fmt: skip
+    where = machine_text(summary["machine"])
+    lines += ["", f"<sub>`{summary['command']}` at {commit}, {summary['date']}; {where}.</sub>", ""]
     return "\n".join(lines)
 
 

@@ -68,7 +68,7 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())  # what the docs' tables are generated from
     assert summary["name"] == "bench_train" and summary["command"].endswith("--summary " + str(tmp_path / "summary.json"))
     assert summary["tables"]["arms"]["rows"][1][4] == "+10.0 [−117.1, +137.1] p=1.000"
-    assert summary["tables"]["test"]["columns"][2] == "test − GRPO (points)" and summary["machine"]["cores"] >= 1
+    assert summary["tables"]["test"]["columns"][2] == "test − GRPO (points)" and summary["machine"]["runs"][0]["seeds"] == [0, 1]
     assert ["gigpo", "1", "30.0", "50.0"] in [row[:4] for row in summary["tables"]["seeds"]["rows"]]
     assert [row[0] for row in summary["tables"]["training"]["rows"]] == ["grpo", "gigpo"]
     text = (tmp_path / "bench_train.json").read_text()  # strict JSON: no NaN or Infinity tokens (two seeds: some
@@ -165,6 +165,30 @@ def test_runs_of_other_regime_settings_or_numerics_are_not_paired(tmp_path, benc
         mixed = [line for line in (tmp_path / "bench_train.md").read_text().split("; ") if "**mixed**" in line]
         assert len(mixed) == 1 and what in mixed[0]
         stamp_file.write_text(json.dumps(stamp))
+
+
+def test_the_report_says_which_seeds_ran_on_which_machine(tmp_path, bench_train, capsys):
+    """A report names the machines its runs' stamps name, with their seeds, wherever it is drawn (an archive gathers
+    runs of several machines): in its text and in its summary, whose docs line says it. Runs of different CPU models
+    are not paired unless told; a run stamped before stamps named the CPU model says so."""
+    machines = {0: "AMD EPYC 7B13", 1: "AMD EPYC 7B13", 2: "Intel(R) Xeon(R) Processor", 3: None}
+    for seed, cpu in machines.items():
+        for arm in ("grpo", "gigpo"):
+            write_run(tmp_path / f"seed-{seed}" / arm, [0.2, 0.3, 0.4], [1.0])
+            stamp_file = tmp_path / f"seed-{seed}" / arm / "bench.json"
+            stamp = {**json.loads(stamp_file.read_text()), "torch": "2.13.0+cpu", "cpu_capability": "AVX2"}
+            stamp_file.write_text(json.dumps({**stamp, "cpu": cpu} if cpu else stamp))
+    args = ["--arms", "gigpo", "--seeds", "0", "1", "2", "3", "--out", str(tmp_path), "--report-only",
+            "--summary", str(tmp_path / "summary.json")]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        bench_train.main(args)
+    assert exit_info.value.code == 2 and "runs of different CPU models" in capsys.readouterr().err
+    bench_train.main([*args, "--allow-mixed"])
+    where = ("seeds 0–1 on AMD EPYC 7B13 (torch 2.13.0+cpu, AVX2); seed 2 on Intel(R) Xeon(R) Processor (torch "
+             "2.13.0+cpu, AVX2); seed 3 on a CPU whose model the runs did not stamp (torch 2.13.0+cpu, AVX2)")
+    assert f"Machines: {where}." in (tmp_path / "bench_train.md").read_text()
+    line = bench_script("summary").render(json.loads((tmp_path / "summary.json").read_text()), "arms")
+    assert f"; {where}.</sub>" in line and "cores" not in line  # not the machine the report was drawn on
 
 
 def test_a_second_benchmark_on_the_same_out_is_refused_before_it_writes(tmp_path, bench_train, capsys):

@@ -1,7 +1,7 @@
 """Benchmark and demo summaries: what was measured, as JSON a documentation table can be generated from.
 
 A summary holds its name, the command line, the code revision, the machine (CPU model, cores, load, torch, ATen CPU
-capability, Python), the date, its tables (``{"columns": [...], "rows": [[...], ...]}``, cells as printed) and the
+capability, Python; or, for a report drawn from runs, the machines its runs' stamps name, with their seeds), the date, its tables (``{"columns": [...], "rows": [[...], ...]}``, cells as printed) and the
 data of its figures. ``bench/summary.py`` turns the summaries committed under ``docs/results/`` into the docs' results
 tables and figures.
 """
@@ -42,20 +42,46 @@ def run_deltattg(argv: Sequence[str], log: str | os.PathLike | None = None) -> f
     return time.perf_counter() - start
 
 
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``), or what :mod:`platform` says where that cannot be read."""
+    try:
+        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]  # fmt: skip
+    except OSError:
+        models = []
+    return models[0] if models else platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, Any]:
     """What a measurement depends on: the CPU model and cores, how busy they were (the 1-minute load average when the
     summary was written), torch and its ATen CPU capability, Python."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")]  # fmt: skip
-        cpu = models[0] if models else cpu
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 1), "torch": torch.__version__,
-            "aten_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version()}  # fmt: skip
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 1),
+            "torch": torch.__version__, "aten_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": platform.python_version()}  # fmt: skip
+
+
+def seed_spans(seeds: Sequence[int]) -> str:
+    """Seeds as runs of consecutive numbers: ``[200, 201, 202, 216]`` -> ``"seeds 200–202, 216"``."""
+    spans: list[list[int]] = []
+    for seed in sorted(seeds):
+        if spans and seed == spans[-1][-1] + 1:
+            spans[-1].append(seed)
+        else:
+            spans.append([seed])
+    text = ", ".join(f"{span[0]}–{span[-1]}" if len(span) > 1 else str(span[0]) for span in spans)
+    return ("seeds " if len(seeds) > 1 else "seed ") + text
+
+
+def machine_text(box: dict[str, Any]) -> str:
+    """Where a summary's figures were measured, in words: this machine (:func:`machine`), or, for a report drawn from
+    runs (``{"runs": [{"cpu", "aten_capability", "torch", "seeds"}, ...]}``), which seeds ran on which machine."""
+    if "runs" in box:
+        return "; ".join(f"{seed_spans(run['seeds'])} on {run['cpu']} (torch {run['torch']}, {run['aten_capability']})"
+                         for run in box["runs"])  # fmt: skip
+    return (f"{box['cpu']}, {box['cores']} cores (load {box['load']}), torch {box['torch']} "
+            f"({box['aten_capability']})")
 
 
 Table = tuple[Sequence[str], Sequence[Sequence[Any]]]  # a benchmark's table: column names, rows of cells
@@ -88,13 +114,16 @@ def figure_png(figure: dict[str, Any]) -> bytes:
 
 
 def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, Table],
-                  figures: dict[str, dict] | None = None) -> None:
+                  figures: dict[str, dict] | None = None, measured_on: dict[str, Any] | None = None) -> None:
     """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all): its tables (name → (columns,
-    rows)) and the data of its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`)."""
+    rows)), the data of its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`) and where they were
+    measured: ``measured_on`` (see :func:`machine_text`) for figures read from runs made elsewhere, else this
+    machine."""
     from deltattg.data.jsonl import atomic_output
     from deltattg.train.checkpoint import code_revision
 
-    summary = {"name": name, "command": shlex.join(argv), "commit": code_revision(), "machine": machine(),
+    summary = {"name": name, "command": shlex.join(argv), "commit": code_revision(),
+               "machine": measured_on or machine(),
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                "tables": {name: table(*columns_rows) for name, columns_rows in tables.items()},
                "figures": figures or {}}  # fmt: skip
