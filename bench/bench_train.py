@@ -390,12 +390,12 @@ def runs_machines(args: argparse.Namespace, arms: Sequence[Arm]) -> list[dict]:
     for seed in args.seeds:
         for arm in arms:
             stamp = read_stamp(args.out / f"seed-{seed}" / arm.folder) or {}
-            key = tuple(str(stamp.get(name, "not stamped")) for name in ("cpu", "cpu_capability", "torch"))
+            key = (stamp.get("cpu", "a CPU whose model the runs did not stamp"),
+                   stamp.get("cpu_capability", "not stamped"), stamp.get("torch", "not stamped"))  # fmt: skip
             if seed not in seeds.setdefault(key, []):
                 seeds[key].append(seed)
-    return [{"cpu": cpu if cpu != "not stamped" else "a CPU whose model the runs did not stamp",
-             "aten_capability": capability, "torch": torch, "seeds": group}
-            for (cpu, capability, torch), group in seeds.items()]  # fmt: skip
+    return [{"cpu": cpu, "aten_capability": capability, "torch": torch, "seeds": group}
+            for (cpu, capability, torch), group in seeds.items()]
 
 
 ARMS_HEADER = ("arm", "start %", "final %", "area under curve %", "final − GRPO (points)", "area − GRPO (points)",
@@ -420,6 +420,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
             seed_rows.append([name, str(seed), f"{100 * c[k, 0]:.1f}", f"{100 * c[k, -1]:.1f}",
                               f"{100 * area_under_curve(steps, c[k].tolist()):.1f}", "-" if reached is None else str(reached)])  # fmt: skip
     times = {name: median_step_time(runs) for name, runs in records.items()}
+    machines = runs_machines(args, arms)
 
     def difference(e: Estimate) -> str:
         return f"{e.text(100, signed=True)} p={e.p:.3f}" if e.p is not None else e.text(100, signed=True)
@@ -452,7 +453,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "difference whose interval includes 0 is no difference. Collapses: seeds whose held-out success fell to "
         f"≤ {100 * COLLAPSE_AT:.0f} % at an evaluation after the start.",
         "Code revisions: " + "; ".join(revisions) + ".",
-        f"Machines: {machine_text({'runs': runs_machines(args, arms)})}.",
+        f"Machines: {machine_text({'runs': machines})}.",
         markdown_table(ARMS_HEADER, rows),
         f"GRPO's final mean success (the target): {100 * target:.1f} %. A steps ratio is ∞ where the arm's seed-mean "
         "curve never reaches it (in the point estimate or a resample).",
@@ -467,7 +468,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         markdown_table(seed_header, seed_rows),
     ])  # fmt: skip
     figures = {"seeds": list(args.seeds), "steps": steps, "target": target, "revisions": revisions,
-               "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times,
+               "arms": {s.arm: dataclasses.asdict(s) for s in summaries}, "step_time": times, "machines": machines,
                "curves": {name: c.tolist() for name, c in curves.items()},
                "test": {name: values.tolist() for name, values in tests.items()},
                "tables": {"arms": (ARMS_HEADER, rows), "test": (TEST_HEADER, test_rows),
@@ -755,7 +756,7 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         (args.out / "bench_train.md").write_text(text)
         tables = figures.pop("tables")
         summary_figures = {"curves": {"kind": "seed_curves", "steps": figures["steps"], "curves": figures["curves"]}}
-        measured_on = {"runs": runs_machines(args, arms)}  # the runs' machines, wherever this report is drawn
+        measured_on = {"runs": figures["machines"]}  # the runs' machines, wherever this report is drawn
         (args.out / "bench_train.json").write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
     if args.summary:
         from deltattg.summaries import write_summary

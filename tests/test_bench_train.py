@@ -68,7 +68,8 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())  # what the docs' tables are generated from
     assert summary["name"] == "bench_train" and summary["command"].endswith("--summary " + str(tmp_path / "summary.json"))
     assert summary["tables"]["arms"]["rows"][1][4] == "+10.0 [−117.1, +137.1] p=1.000"
-    assert summary["tables"]["test"]["columns"][2] == "test − GRPO (points)" and summary["machine"]["runs"][0]["seeds"] == [0, 1]
+    assert summary["tables"]["test"]["columns"][2] == "test − GRPO (points)"
+    assert summary["machine"]["runs"][0]["seeds"] == [0, 1]  # where the runs ran, by their stamps
     assert ["gigpo", "1", "30.0", "50.0"] in [row[:4] for row in summary["tables"]["seeds"]["rows"]]
     assert [row[0] for row in summary["tables"]["training"]["rows"]] == ["grpo", "gigpo"]
     text = (tmp_path / "bench_train.json").read_text()  # strict JSON: no NaN or Infinity tokens (two seeds: some

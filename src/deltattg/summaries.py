@@ -1,9 +1,9 @@
 """Benchmark and demo summaries: what was measured, as JSON a documentation table can be generated from.
 
 A summary holds its name, the command line, the code revision, the machine (CPU model, cores, load, torch, ATen CPU
-capability, Python; or, for a report drawn from runs, the machines its runs' stamps name, with their seeds), the date, its tables (``{"columns": [...], "rows": [[...], ...]}``, cells as printed) and the
-data of its figures. ``bench/summary.py`` turns the summaries committed under ``docs/results/`` into the docs' results
-tables and figures.
+capability, Python; or, for a report drawn from runs, the machines its runs' stamps name, with their seeds), the date,
+its tables (``{"columns": [...], "rows": [[...], ...]}``, cells as printed) and the data of its figures.
+``bench/summary.py`` turns the summaries committed under ``docs/results/`` into the docs' results tables and figures.
 """
 
 from __future__ import annotations
