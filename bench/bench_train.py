@@ -477,9 +477,15 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
 
 
 # ---- archive -------------------------------------------------------------------------------------------------------
+UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "rollout/success")  # what a collapse is read from
+
+
 def archived_metrics() -> tuple[str, ...]:
-    """The metrics the report reads of a run: its steps, evaluations, test split, step times and training readings."""
-    return ("step", CURVE_METRIC, TEST_METRIC, "time/step", *(metric for _, metric, _, _ in TRAINING_READINGS))
+    """The metrics the report reads of a run — its steps, evaluations, test split, step times and training readings —
+    and the update readings a collapse is diagnosed from (how far each update moved the policy, the gradient's norm
+    before clipping, the rollouts' success)."""
+    return ("step", CURVE_METRIC, TEST_METRIC, "time/step", *(metric for _, metric, _, _ in TRAINING_READINGS),
+            *UPDATE_READINGS)  # fmt: skip
 
 
 def archive_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[Path]:

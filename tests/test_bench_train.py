@@ -228,13 +228,14 @@ def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(
     for out, seed, grpo, gigpo in runs:
         write_run(out / f"seed-{seed}" / "grpo", grpo, [1.0, 2.0], test=0.4 + seed / 10)
         write_run(out / f"seed-{seed}" / "gigpo", gigpo, [2.0, 3.0], test=0.5 + seed / 10)
-        for name in ("grpo", "gigpo"):  # a reading the report does not take is not archived
+        for name in ("grpo", "gigpo"):  # a reading neither the report nor a collapse's diagnosis takes is not archived
             metrics = out / f"seed-{seed}" / name / "metrics.jsonl"
-            metrics.write_text(metrics.read_text().replace('"time/step"', '"loss": 1.0, "time/step"'))
+            metrics.write_text(metrics.read_text().replace('"time/step"', '"loss": 1.0, "approx_kl": 0.18, "time/step"'))
         bench_train.main(["--arms", "gigpo", "--seeds", str(seed), "--steps", "20", "--out", str(out),
                           "--report-only", "--archive", str(archive)])
     assert "archived 5 files" in capsys.readouterr().err
-    assert "loss" not in (archive / "seed-0" / "grpo" / "metrics.jsonl").read_text()
+    archived = (archive / "seed-0" / "grpo" / "metrics.jsonl").read_text()
+    assert "loss" not in archived and archived.count('"approx_kl": 0.18') == 2  # kept on both training steps
     args = ["--arms", "gigpo", "--seeds", "0", "1", "--steps", "20", "--report-only", "--summary"]
     bench_train.main([*args, str(tmp_path / "from-archive.json"), "--out", str(archive)])
     for seed, out in ((0, first), (1, second)):  # the same runs gathered by hand, with everything they logged
