@@ -93,7 +93,7 @@ from deltattg.regime.stages import (
 from deltattg.data.jsonl import atomic_output, read_jsonl
 from deltattg.data.labels import LABEL_SOURCES
 from deltattg.data.sources import split_by_task
-from deltattg.report import markdown_table, percent
+from deltattg.report import markdown_table, percent, three_decimals
 from deltattg.summaries import cpu_model, machine_text
 from deltattg.train import read_metrics, resolve, train
 from deltattg.train.checkpoint import code_revision, config_hash
@@ -623,10 +623,10 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
         table.append([name, percent(mean_of([f.completion_accuracy for f in fits])),
                       percent(mean_of([f.accuracy_on(True) for f in fits])),
                       percent(mean_of([f.accuracy_on(False) for f in fits])),
-                      *(three_places(mean_of(values)) for values in ([a.b_balanced_accuracy for a in agreements],
-                                                                     [a.ttg_spearman for a in agreements],
-                                                                     [f.spearman for f in fits],
-                                                                     [f.calibration_error for f in fits]))])
+                      three_decimals(mean_of([a.b_balanced_accuracy for a in agreements])),
+                      three_decimals(mean_of([a.ttg_spearman for a in agreements])),
+                      three_decimals(mean_of([f.spearman for f in fits])),
+                      three_decimals(mean_of([f.calibration_error for f in fits]))])
     header = ("meter (label source)", "completion acc. %", "on successes %", "on failures %",
               "b balanced acc. vs planner", "Spearman v̂ vs planner's v", "Spearman vs true TTG (successes)",
               "ECE of p̃")  # fmt: skip
@@ -640,11 +640,6 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
         f"(K = {seed_config(args, args.seeds[0]).label_completions}); 'labels: X' rows read the labels themselves.",
         markdown_table(header, table)])  # fmt: skip
     return text, {"meters": (header, table)}
-
-
-def three_places(value: float) -> str:
-    """A table cell with three decimals ("-" where there is no value: NaN)."""
-    return "-" if math.isnan(value) else f"{value:.3f}"
 
 
 def mean_of(values: Sequence[float]) -> float:

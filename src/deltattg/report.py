@@ -48,6 +48,11 @@ def percent(rate: float) -> str:
     return "-" if math.isnan(rate) else f"{100 * rate:.1f}"
 
 
+def three_decimals(value: float) -> str:
+    """A score (an accuracy, a correlation, a calibration error) as a table prints it: three decimals; "-" for none."""
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
 # ---- tables ----------------------------------------------------------------------------------------------------------
 def markdown_cell(value: object) -> str:
     """``value`` as the text of one markdown table cell: backslashes and ``|`` escaped (an unescaped ``|`` would
