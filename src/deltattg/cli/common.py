@@ -217,7 +217,7 @@ def add_label_source(parser: argparse.ArgumentParser) -> None:
     from deltattg.data.labels import LABEL_SOURCES
     from deltattg.rollout.policies import SamplingConfig
 
-    group = parser.add_argument_group("label source (the README's Labels section)")
+    group = parser.add_argument_group("label source (docs/concepts/labels.md)")
     group.add_argument("--labels", choices=LABEL_SOURCES, default="outcome",
                        help="what each decision state is taught: outcome = its own trajectory's outcome and "
                        "remaining tokens (Eq. 1-2, the paper's); rollout = --completions K completions by --completer "

@@ -245,7 +245,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "regression: backbone + head predicting the completion logit and log1p(TTG), every decision state of a "
         "trajectory read in one pass; by default the backbone is frozen and its features cached, so only the head "
         "trains (fast on CPU). generative: the paper's meter, SFT on the JSON answer (Eq. 3) then GRPO refinement "
-        "with our reconstructed reward (the README's Progress meter section; deltattg.meter.train_generative.progress_reward).",
+        "with our reconstructed reward (docs/concepts/meter.md; deltattg.meter.train_generative.progress_reward).",
     )
     train_meter.add_argument("data", help="trajectory JSONL (or AgentProcessBench records)")
     train_meter.add_argument("--out", required=True, help="folder to save the meter to (save_pretrained layout)")

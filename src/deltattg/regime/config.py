@@ -7,8 +7,8 @@ its action format by behaviour cloning in a minute (few object and receptacle ty
 distractors, plans of 3-8 steps, 12 steps allowed), yet one its cloned policy does not solve: it imitates an expert
 that knows where the objects are, so it must learn to search by RL; and a short prompt (no history, the last
 ``max_prompt_tokens`` tokens: goal, current observation, admissible actions). GRPO from the cloned actor, 8 tasks ×
-8 rollouts per step at lr 1.5e-4, is the setting in which held-out greedy success rose most among those tried (see
-the README's benchmark section for the settings tried and the measured rise).
+8 rollouts per step at lr 1.5e-4, is the setting in which held-out greedy success rose most among those tried (docs/benchmarks.md,
+"The household RL regime", gives the settings tried and the measured rise).
 """
 
 from __future__ import annotations
