@@ -126,7 +126,7 @@ def load_meters(folders: dict[str, Path]):
     """The meters, sharing ONE backbone: they must agree on everything that shapes a state's features."""
     from deltattg.data.pt_files import safe_load
     from deltattg.meter.regression import HEAD_NAME, RegressionConfig, RegressionMeter
-    from deltattg.meter.train_regression import feature_settings
+    from deltattg.meter.features import feature_settings
 
     names = list(folders)
     first = RegressionMeter.from_pretrained(folders[names[0]])
@@ -148,7 +148,7 @@ def step_quality_cells(meters: dict, target: str, items: Sequence, features_path
     """Every meter's pooled ``eval-steps`` row on ``items`` (located records with ``step_labels``), with its Wilson
     interval. The backbone reads the pool once into ``features_path``; each meter's head reads the shared features."""
     from deltattg.meter.commands import evaluate_steps
-    from deltattg.meter.train_regression import cached_features
+    from deltattg.meter.features import cached_features
 
     reference = next(iter(meters.values()))
     windows = [w for item in items for w in reference.windows(item.trajectory.messages)]

@@ -11,8 +11,8 @@ import torch
 
 from deltattg.cli import main
 from deltattg.meter.regression import HeadEnsemble, RegressionMeter, average_readings, head_members
-from deltattg.meter.train_regression import (RegressionTrainConfig, cached_features, feature_settings,
-                                             train_regression_meter, trajectory_examples, window_key)
+from deltattg.meter.features import cached_features, feature_settings, window_key
+from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
 from test_meter_cli import apb_record
 from test_meter_regression import episode, synthetic_set, tiny_meter
 

@@ -135,7 +135,7 @@ def staged_meter_folder(out: str | os.PathLike) -> Iterator[Path]:
 def _reuse_feature_cache(out: Path, work: Path) -> None:
     """Link (else copy) the feature cache of a meter already at ``out`` into ``work``: retraining heads into the same
     ``--out`` reads the features again (a cache: any failure to do so is only a recomputation)."""
-    from deltattg.meter.train_regression import FEATURES_NAME
+    from deltattg.meter.features import FEATURES_NAME
 
     source, copy = out / FEATURES_NAME, work / FEATURES_NAME
     if not source.is_file() or copy.exists():

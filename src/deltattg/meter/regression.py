@@ -34,6 +34,7 @@ from deltattg.data.trajectory import (
     assistant_indices,
     calibrated_probability,
 )
+from deltattg.meter.features import cached_features
 from deltattg.meter.prompt import serialize_message, shorten, turns_left_note
 from deltattg.settings import setting
 
@@ -386,8 +387,6 @@ class RegressionMeter(nn.Module):
     def score_trajectories(self, trajectories: Sequence[Sequence[dict]]) -> list[list[MeterOutput | None]]:
         """Readings of every decision state t = 0..T of each trajectory (T+1 each), one pass per trajectory window
         (or its features from :attr:`feature_cache`)."""
-        from deltattg.meter.train_regression import cached_features
-
         plans = [self.windows(messages) for messages in trajectories]
         flat = [w for plan in plans for w in plan]
         if not flat:

@@ -12,13 +12,11 @@ the final score at every state for a ``target="score"`` meter (:func:`score_loss
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
 import re
 import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -27,10 +25,9 @@ from tqdm import tqdm
 
 from deltattg.data.labels import StateLabel, outcome_label, remaining_sums
 from deltattg.data.trajectory import Trajectory
+from deltattg.meter.features import FEATURES_NAME, cached_features
 from deltattg.meter.regression import RegressionMeter, Window, head_members, meter_loss
 from deltattg.settings import setting
-
-FEATURES_NAME = "features.pt"  # the frozen-backbone feature cache in the output folder
 
 
 @dataclass(frozen=True)
@@ -123,62 +120,6 @@ def _cosine_warmup(step: int, total: int, warmup: int) -> float:
         return (step + 1) / max(warmup, 1)
     progress = (step - warmup) / max(total - warmup, 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def window_key(window: Window) -> str:
-    """A window's identity in the feature cache: its tokens and the positions (and last-block starts) read in it."""
-    return hashlib.sha256(json.dumps([window.ids, window.positions, window.starts]).encode()).hexdigest()
-
-
-def feature_settings(meter: RegressionMeter) -> str:
-    """What changes a window's features besides its tokens: backbone, pooling, layer (not the head's settings)."""
-    return json.dumps([meter.config.backbone, meter.config.pooling, meter.config.layer])
-
-
-def load_feature_cache(path: Path, settings: str) -> dict[str, torch.Tensor]:
-    """The cached features by window key, or {} when ``path`` is absent, unreadable or made with other settings."""
-    if not path.exists():
-        return {}
-    from deltattg.data.pt_files import CheckpointError, safe_load
-
-    try:
-        saved = safe_load(path)  # weights-only: a cache file never runs code
-    except CheckpointError as exc:
-        print(f"deltattg: recomputing the feature cache: {exc}", file=sys.stderr)
-        return {}
-    if not (isinstance(saved, dict) and saved.get("settings") == settings and isinstance(saved.get("windows"), dict)):
-        return {}
-    return {k: v for k, v in saved["windows"].items() if isinstance(v, torch.Tensor)}
-
-
-def cached_features(meter: RegressionMeter, windows: Sequence[Window], path: Path, progress: bool) -> torch.Tensor:
-    """Frozen-backbone features of every read position of ``windows`` (in order), ``[reads, width]``. They are cached
-    at ``path`` window by window, keyed by each window's content under :func:`feature_settings`: retraining heads
-    in the same folder (other seeds, epochs, ``ensemble``) reads them all, and a pool that grew computes only its new
-    windows. The file is replaced atomically (a crash never leaves half of it)."""
-    settings = feature_settings(meter)
-    known = load_feature_cache(path, settings)
-    keys = [window_key(w) for w in windows]
-    todo_by_key = {key: w for key, w in zip(keys, windows) if key not in known}
-    if todo_by_key:
-        missing, todo = list(todo_by_key), list(todo_by_key.values())
-        reused = sum(key in known for key in keys)
-        if reused:  # a pool that grew, or heads retrained on another pool's windows too
-            print(f"deltattg: features of {reused} of {len(windows)} windows cached, computing {len(todo)}",
-                  file=sys.stderr)  # fmt: skip
-        step = 16
-        meter.backbone.eval()
-        with torch.no_grad():
-            for start in tqdm(range(0, len(todo), step), desc="backbone features", unit="chunk", disable=not progress):
-                chunk = todo[start : start + step]
-                rows = meter.boundary_features(chunk).cpu()
-                for key, part in zip(missing[start : start + step], rows.split([len(w.positions) for w in chunk])):
-                    known[key] = part.clone()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")  # as checkpoints are written
-        torch.save({"settings": settings, "windows": known}, partial)
-        partial.replace(path)
-    return torch.cat([known[key] for key in keys]) if windows else torch.empty(0)
 
 
 def _row_of(windows: Sequence[Window], examples: Sequence[Example]) -> list[int]:
