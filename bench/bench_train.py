@@ -38,7 +38,7 @@ forward pass, every row reading its own prompt: ``optim.recompute_old_logprobs=t
 the new one, interleaved (old, new, new, old) in one process, and prints the median step times and their ratio;
 ``--overhead N`` times every arm the same way and prints each one's step time ÷ the first arm's (GRPO).
 
-    .venv/bin/python bench/bench_train.py --seeds 0 1 2 3 4 --jobs 2                  # the README's table
+    .venv/bin/python bench/bench_train.py --seeds 0 1 2 3 4 --jobs 2                  # docs/benchmarks.md#the-household-rl-regime
     .venv/bin/python bench/bench_train.py --arms grpo --set lr=3e-4 --out runs/lr3e-4  # one knob of the regime
     .venv/bin/python bench/bench_train.py --speed 8
     .venv/bin/python bench/bench_train.py --overhead 4 --arms grpo gigpo hgpo igpo a2tgpo delta crest deltattg
@@ -146,7 +146,8 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed
             train_generative_meter(config, train_pool, folder / GENERATIVE_METER, heldout_pool)
         for source in sources_missing:  # labels of every pool state (held-out ones calibrate), then the meter
             settings = label_settings(config, source, folder / meter_folder(0))
-            labels, report = pool_labels(config, world, actor, pool, settings, folder / f"labels-{source}.jsonl")
+            labels, report = pool_labels(config, world, actor, pool, settings, folder / f"labels-{source}.jsonl",
+                                         folder / meter_folder(0))
             meter = folder / labelled_meter(source)
             train_meter(config, train_pool, actor.tokenizer, meter, heldout_pool, labels=labels, labelling=settings)
             (meter / "labels_report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")

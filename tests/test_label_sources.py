@@ -1,6 +1,6 @@
 """Labels from replayed states (issue 34): the checked replay of a recorded state, the rollout / best-of-k / td label
-arithmetic worked by hand, ``deltattg labels --labels SOURCE`` against the planner on a household pool, resuming a
-killed labelling run, and ``train-meter --labels`` naming its source."""
+arithmetic worked by hand, ``deltattg labels --labels SOURCE`` against the planner on a household pool and
+``train-meter --labels`` naming its source (what a label file may be trusted with: ``test_label_files.py``)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_best_of_k_labels_read_what_the_planner_reads(pool, tmp_path, capsys):
     common = ["--env", "household", "--short", "--max-turns", "12", "--tokenizer", str(tokenizer), "--no-progress"]
     assert main(["labels", str(path), "--labels", "best-of-k", "--completer", "expert:0.3", "--completions", "4",
                  "--out", str(out), *common]) == 0  # fmt: skip
-    assert "did not replay" not in capsys.readouterr().err
+    assert " 0 of " in capsys.readouterr().err.split("did not replay")[0][-40:]  # every state replayed
     labels = read_jsonl(out)
     assert main(["labels", str(path), "--out", str(tmp_path / "O.jsonl"), "--tokenizer", str(tokenizer),
                  "--no-progress"]) == 0  # fmt: skip
@@ -200,32 +200,6 @@ def test_until_success_stops_completing_a_state_once_it_is_proven_completable(po
     assert played < 4 * len(labels), report
 
 
-def test_a_killed_labelling_run_resumes_to_the_same_labels(pool, tmp_path, capsys):
-    path, tokenizer = pool
-    argv = ["labels", str(path), "--labels", "rollout", "--completer", "random", "--completions", "2", "--env",
-            "household", "--short", "--tokenizer", str(tokenizer), "--no-progress"]
-    whole = tmp_path / "whole.jsonl"
-    assert main([*argv, "--out", str(whole)]) == 0
-    lines = whole.read_text().splitlines(keepends=True)
-    cut = tmp_path / "cut.jsonl"
-    cut.write_text("".join(lines[:7]) + lines[7][:30])  # killed while writing a trajectory's labels
-    assert main([*argv, "--out", str(cut)]) == 0
-    ids = [json.loads(line)["id"] for line in lines]
-    # the trajectories finished before the kill were kept, the rest labelled again; the labels of a random completer
-    # depend on the seed and the batch, so only the kept ones are compared exactly
-    resumed = read_jsonl(cut)
-    assert sorted((r["id"], r["step"]) for r in resumed) == sorted((json.loads(x)["id"], json.loads(x)["step"])
-                                                                    for x in lines)  # fmt: skip
-    first = ids[0]
-    assert [r for r in resumed if r["id"] == first] == [json.loads(x) for x in lines if json.loads(x)["id"] == first]
-    capsys.readouterr()
-    # labels of other settings in the file are refused with its file and line, and the file is left as it was
-    before = cut.read_text()
-    assert main([*argv[:7], "3", *argv[8:], "--out", str(cut)]) == 2
-    assert f"{cut}:1: holds labels made with other settings" in capsys.readouterr().err
-    assert cut.read_text() == before
-
-
 def test_train_meter_learns_from_a_label_source_and_names_it(pool, tmp_path, capsys):
     """``train-meter --labels best-of-k --completer random --completions 2`` keeps the labels beside the pool and
     writes the source into meter_config.json; ``eval-meter --reference oracle`` reports the agreement keys."""
@@ -239,7 +213,8 @@ def test_train_meter_learns_from_a_label_source_and_names_it(pool, tmp_path, cap
                  "best-of-k", "--completer", "random", "--completions", "2", "--tokenizer", str(tokenizer),
                  "--head-epochs", "2"]) == 0  # fmt: skip
     config = json.loads((out / "meter_config.json").read_text())
-    assert config["labels"] == {"source": "best-of-k", "completer": "random", "completions": 2, "seed": 0}
+    assert config["labels"] == {"source": "best-of-k", "completer": "random", "completions": 2, "seed": 0,
+                                "tokenizer": str(tokenizer.resolve())}
     cached = list((path.parent / f"{path.name}.labels").glob("best-of-k-*.jsonl"))
     assert len(cached) == 1 and len(read_jsonl(cached[0])) == sum(r["step"] >= 0 for r in read_jsonl(cached[0]))
     report = json.loads((out / "train_report.json").read_text())

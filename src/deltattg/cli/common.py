@@ -211,11 +211,18 @@ def meter_of(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
 
 
+LABEL_DEFAULTS: dict[str, Any] = {"completions": 4, "label_seed": 0, "td_lambda": 0.0, "completer_temperature": 1.0,
+                                  "completer_max_new_tokens": 64}
+"""The label options' defaults (their flags default to None so that an option a source does not read is refused)."""
+
+REPLAY_OPTIONS = ("completions", "label_seed", "completer_temperature", "completer_max_new_tokens", "env", "short",
+                  "env_data", "corpus", "retriever", "topk", "max_turns")  # read by --labels rollout and best-of-k only
+
+
 def add_label_source(parser: argparse.ArgumentParser) -> None:
     """--labels and what its sources read: the completer and its environment (``collect``'s options), the
     completions per state, the bootstrap meter of ``td``."""
     from deltattg.data.labels import LABEL_SOURCES
-    from deltattg.rollout.policies import SamplingConfig
 
     group = parser.add_argument_group("label source (docs/concepts/labels.md)")
     group.add_argument("--labels", choices=LABEL_SOURCES, default="outcome",
@@ -224,11 +231,12 @@ def add_label_source(parser: argparse.ArgumentParser) -> None:
                        "from the replayed state (b = their success rate, a soft target; v = mean remaining tokens of "
                        "the successful ones); best-of-k = the same and the record's own continuation (b = any "
                        "succeeded, v = the fewest remaining tokens among them); td = bootstrapped from "
-                       "--bootstrap-meter's readings of the next state, no replays. Default: outcome")
+                       "--bootstrap-meter's readings of the next state, no replays. Default: outcome. An option "
+                       "below that the chosen source does not read is refused")
     group.add_argument("--completer", metavar="POLICY", help="rollout, best-of-k: the policy that completes each "
                        "state, as collect takes it (random, expert:EPS, lm:MODEL, lm:ACTOR_FOLDER)")
-    group.add_argument("--completions", type=number(int, low=1, high=1024), default=4, metavar="K",
-                       help="rollout, best-of-k: completions per decision state (default %(default)s)")
+    group.add_argument("--completions", type=number(int, low=1, high=1024), metavar="K",
+                       help=f"rollout, best-of-k: completions per decision state (default {LABEL_DEFAULTS['completions']})")
     group.add_argument("--until-success", action="store_true",
                        help="best-of-k: play the completions in rounds (1, 1, 2, 4, ... up to K) and none more for a "
                        "state once it is proven completable (by its own completion or a later state's): its label "
@@ -236,31 +244,81 @@ def add_label_source(parser: argparse.ArgumentParser) -> None:
                        "cost at K = 4)")
     group.add_argument("--bootstrap-meter", metavar="METER", help="td: the meter whose readings of s_t+1 make the "
                        "target of s_t (e.g. one trained with --labels outcome)")
-    group.add_argument("--td-lambda", type=probability, default=0.0, metavar="LAMBDA",
+    group.add_argument("--td-lambda", type=probability, metavar="LAMBDA",
                        help="td: λ of the TD(λ) target (0: one-step bootstrap, 1: the outcome labels; default 0)")
-    group.add_argument("--label-seed", type=seed_int, default=0, help="rollout, best-of-k: seed of the completions")
+    group.add_argument("--label-seed", type=seed_int, help="rollout, best-of-k: seed of the completions (default 0)")
     add_environment(group, required=False, split=False, data_dest="env_data")
     group.add_argument("--max-turns", type=number(int, low=1, high=10**5),
-                       help="the turn limit of records that do not carry theirs (env.max_turns)")
+                       help="rollout, best-of-k: the turn limit of records that do not carry theirs (env.max_turns)")
     group.add_argument("--completer-temperature", type=number(float, low=0, high=100),
-                       default=SamplingConfig.temperature, help="lm completers: sampling temperature (default "
-                       "%(default)s)")
-    group.add_argument("--completer-max-new-tokens", type=number(int, low=1, high=10**6), default=64,
-                       help="lm completers: tokens per action (default %(default)s)")
+                       help="lm completers: sampling temperature (default "
+                       f"{LABEL_DEFAULTS['completer_temperature']:g})")
+    group.add_argument("--completer-max-new-tokens", type=number(int, low=1, high=10**6),
+                       help=f"lm completers: tokens per action (default {LABEL_DEFAULTS['completer_max_new_tokens']})")
 
 
 def label_settings(args: argparse.Namespace):
-    """The ``LabelSettings`` of :func:`add_label_source`'s options (a usage error when they do not fit together)."""
+    """The ``LabelSettings`` of :func:`add_label_source`'s options, with everything that shapes a label recorded (the
+    environment, turn limit, tokenizer, completer sampling, the bootstrap meter's digest); a usage error when they do
+    not fit together, or when an option is given that the source does not read."""
+    from deltattg.meter.loading import meter_digest
     from deltattg.rollout.collect import parse_policy
     from deltattg.rollout.label_sources import LabelSettings
 
+    unread = unread_label_options(args)
+    if unread:
+        raise UsageError(f"{', '.join(unread)}: not read by --labels {args.labels}")
+    value = {name: LABEL_DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
+             for name in LABEL_DEFAULTS}  # fmt: skip
     try:
-        completer = parse_policy(args.completer).resolved().text if args.completer else None
-        return LabelSettings(source=args.labels, completer=completer, completions=args.completions,
-                             seed=args.label_seed, bootstrap_meter=args.bootstrap_meter, td_lambda=args.td_lambda,
-                             until_success=args.until_success)
+        completer = parse_policy(args.completer).resolved() if args.completer else None
+        if completer is not None and not completer.is_model:
+            given = [flag for flag in ("--completer-temperature", "--completer-max-new-tokens")
+                     if getattr(args, flag[2:].replace("-", "_")) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: read by lm completers only, not --completer {args.completer}")
+        replayed = args.labels in ("rollout", "best-of-k")
+        lm = completer is not None and completer.is_model
+        return LabelSettings(
+            source=args.labels, completer=completer.text if completer else None, completions=value["completions"],
+            seed=value["label_seed"], bootstrap_meter=local_path(args.bootstrap_meter),
+            td_lambda=value["td_lambda"], until_success=args.until_success,
+            environment=labelling_environment_settings(args) if replayed else None,
+            max_turns=args.max_turns if replayed else None,
+            tokenizer=local_path(args.tokenizer) if replayed else None,
+            completer_temperature=value["completer_temperature"] if lm else None,
+            completer_max_new_tokens=value["completer_max_new_tokens"] if lm else None,
+            bootstrap_meter_sha256=meter_digest(args.bootstrap_meter) if args.bootstrap_meter else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def unread_label_options(args: argparse.Namespace) -> list[str]:
+    """The label options given (away from None, or set) that ``--labels`` does not read, as flags."""
+    read = {"rollout": REPLAY_OPTIONS, "best-of-k": REPLAY_OPTIONS, "td": ("td_lambda",), "outcome": ()}[args.labels]
+    names = [*REPLAY_OPTIONS, "td_lambda"]
+    return [f"--{'data' if name == 'env_data' else name.replace('_', '-')}" for name in names
+            if name not in read and getattr(args, name, None) is not None and getattr(args, name) is not False]
+
+
+def local_path(spec: str | None) -> str | None:
+    """A spec as given, or the absolute path of the file or folder it names where one exists (so that ``./x``,
+    ``x`` and its absolute path are one setting)."""
+    from pathlib import Path
+
+    if spec is None or not Path(spec).expanduser().exists():
+        return spec
+    return str(Path(spec).expanduser().resolve())
+
+
+def labelling_environment_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The environment options the command line gives the completer (``--env`` and its options, paths absolute), or
+    None where each record's own description is rebuilt."""
+    if args.env is None:
+        return None
+    given = {"env": args.env, "short": args.short, "data": local_path(args.env_data),
+             "corpus": local_path(args.corpus), "retriever": args.retriever, "topk": args.topk}
+    return {key: value for key, value in given.items() if value is not None and value is not False}
 
 
 def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, path: str, *, cache: bool = False):
@@ -282,11 +340,11 @@ def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, pa
         make_env = labelling_environment(args)
         if parse_policy(settings.completer).kind == "expert":
             check_expert_on_records(items, make_env)
-        completer = _completer(args, settings, make_env)
+        completer = _completer(settings, make_env)
     if settings.bootstrap_meter:
         bootstrap = _bootstrap(settings.bootstrap_meter, args.tokenizer)
     return make_labels(items, tokens, settings, path, completer=completer, count_action=count_action,
-                       bootstrap=bootstrap, make_env=make_env, max_turns=args.max_turns, keep_others=cache,
+                       bootstrap=bootstrap, make_env=make_env, max_turns=args.max_turns, cache=cache,
                        progress=getattr(args, "progress", True))
 
 
@@ -330,19 +388,17 @@ def labelling_environment(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
 
 
-def _completer(args: argparse.Namespace, settings: Any, make_env: Any):
+def _completer(settings: Any, make_env: Any):
     """A zero-argument builder of the completion policy (a model is loaded only when something is left to label)."""
     from deltattg.rollout.collect import build_policy, parse_policy
     from deltattg.rollout.policies import SamplingConfig
     from deltattg.rollout.prompts import PromptConfig
 
     spec = parse_policy(settings.completer)
-    sampling = SamplingConfig(temperature=args.completer_temperature, max_new_tokens=args.completer_max_new_tokens)
+    sampling = SamplingConfig() if settings.completer_temperature is None else SamplingConfig(  # an lm completer's
+        temperature=settings.completer_temperature, max_new_tokens=settings.completer_max_new_tokens)
 
     def build():
-        import torch
-
-        torch.manual_seed(settings.seed)
         layout = getattr(make_env(), "prompt_layout", "window") if make_env is not None else "window"
         try:
             return build_policy(spec, settings.seed, sampling, PromptConfig(layout=layout))
@@ -353,19 +409,11 @@ def _completer(args: argparse.Namespace, settings: Any, make_env: Any):
 
 
 def _bootstrap(meter_path: str, tokenizer: str | None):
-    """td's reader: a meter's (p̂, v̂) of every state s_0..s_T of trajectories (p̂: its calibrated probability where
-    it gives one, else its b̂), None for an invalid reading."""
-    from deltattg.meter.loading import load_meter, read_states
+    """td's reader of the meter at ``meter_path`` (``rollout.label_sources.meter_bootstrap``)."""
+    from deltattg.meter.loading import load_meter
+    from deltattg.rollout.label_sources import meter_bootstrap
 
     try:
-        meter = load_meter(meter_path, tokenizer=tokenizer)
+        return meter_bootstrap(load_meter(meter_path, tokenizer=tokenizer))
     except ValueError as exc:
         raise UsageError(f"--bootstrap-meter {meter_path}: {exc}") from None
-
-    def read(trajectories):
-        rows, _ = read_states(meter, list(trajectories), terminal=True)
-        return [[None if r is None or r.can_complete is None else
-                 (r.probability if r.probability is not None else float(r.can_complete), r.tokens_to_go)
-                 for r in row] for row in rows]  # fmt: skip
-
-    return read

@@ -86,7 +86,7 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
     if labelling.source != "outcome":  # kept beside the pool: computed once, resumed if interrupted
         from deltattg.rollout.label_sources import label_cache_path
 
-        cache = label_cache_path(args.data, labelling, environment=vars(args))
+        cache = label_cache_path(args.data, labelling)
         print(f"labels ({labelling.source}): {cache}", file=sys.stderr)
         labels, label_report = compute_labels(args, items, tokenizer, str(cache), cache=True)
         print(f"labels: {label_report.summary()}", file=sys.stderr)

@@ -93,6 +93,13 @@ def cmd_labels(args: argparse.Namespace) -> int:
         raise UsageError(f"--labels {settings.source} labels Token-to-Go of the nonterminal states: it takes neither "
                          "--target steps/score nor --terminal")
     check_out(args.out, args.input, settings.bootstrap_meter)
+    if settings.source == "outcome":
+        from deltattg.rollout.label_sources import file_source
+
+        kept = file_source(args.out)
+        if kept not in (None, "outcome"):
+            raise UsageError(f"--out {args.out} holds {kept} labels (completions cost time to make): refusing to "
+                             "replace them with --labels outcome; write elsewhere, or delete the file first")
     items = read_records(args.input, args.skip_invalid)
     tokenizer = tokenizer_of(args.tokenizer)
     if settings.source != "outcome":

@@ -9,7 +9,9 @@ Targets:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -180,10 +182,16 @@ REPLAYED_SOURCES = ("rollout", "best-of-k")
 
 @dataclass(frozen=True)
 class LabelSettings:
-    """What makes a set of labels: the ``source``, and for the replay sources the ``completer`` (a policy spec, as
-    ``collect`` takes it), the ``completions`` per state and the ``seed`` (for ``best-of-k``, ``until_success``:
-    completions in rounds, :func:`completion_rounds`, none more for a state once it is proven completable); for
-    ``td`` the bootstrap meter and λ."""
+    """Everything that shapes a set of labels, recorded in every label record (:data:`SETTINGS_KEY`) so that a file
+    or cache made otherwise is never resumed or reused: the ``source``; for the replay sources the ``completer`` (a
+    policy spec, as ``collect`` takes it), the ``completions`` per state, the ``seed`` (for ``best-of-k``,
+    ``until_success``: completions in rounds, :func:`completion_rounds`, none more for a state once it is proven
+    completable), the ``environment`` the completer plays (``--env`` and its options; None: each record's own
+    description), the turn limit of records without one (``max_turns``), the ``tokenizer`` that counts completion
+    tokens and the completer's sampling (``completer_temperature``, ``completer_max_new_tokens``); for ``td`` the
+    bootstrap meter, the digest of its files (a meter retrained at the same path is another meter) and λ.
+    What a trajectory's labels are made from (its messages, step tokens, outcome and provenance) is checked apart,
+    by :func:`trajectory_digest`."""
 
     source: str = "outcome"
     completer: str | None = None
@@ -192,6 +200,12 @@ class LabelSettings:
     bootstrap_meter: str | None = None
     td_lambda: float = 0.0
     until_success: bool = False  # best-of-k: complete in rounds, a state proven completable gets no more
+    environment: dict[str, Any] | None = None  # replay sources: the environment the command line names, else None
+    max_turns: int | None = None  # replay sources: the turn limit of records that carry none
+    tokenizer: str | None = None  # replay sources: what counts the completions' tokens
+    completer_temperature: float | None = None
+    completer_max_new_tokens: int | None = None
+    bootstrap_meter_sha256: str | None = None  # td: the bootstrap meter's files
 
     def __post_init__(self) -> None:
         if self.source not in LABEL_SOURCES:
@@ -214,15 +228,36 @@ class LabelSettings:
             raise ValueError("--until-success stops completing a state proven completable: --labels best-of-k only")
 
     def to_json(self) -> dict[str, Any]:
-        """The settings that shaped the labels (the others left out, so an ``outcome`` set reads ``{"source": ...}``)."""
+        """The settings that shaped the labels (those a source does not read left out, so an ``outcome`` set reads
+        ``{"source": "outcome"}``; unset ones left out too)."""
         out: dict[str, Any] = {"source": self.source}
         if self.source in REPLAYED_SOURCES:
             out |= {"completer": self.completer, "completions": self.completions, "seed": self.seed}
+            replay = {"environment": self.environment, "max_turns": self.max_turns, "tokenizer": self.tokenizer,
+                      "completer_temperature": self.completer_temperature,
+                      "completer_max_new_tokens": self.completer_max_new_tokens}  # fmt: skip
+            out |= {key: value for key, value in replay.items() if value is not None}
         if self.until_success:
             out["until_success"] = True
         if self.source == "td":
             out |= {"bootstrap_meter": self.bootstrap_meter, "td_lambda": self.td_lambda}
+            if self.bootstrap_meter_sha256 is not None:
+                out["bootstrap_meter_sha256"] = self.bootstrap_meter_sha256
         return out
+
+
+DIGEST_KEY = "trajectory_sha256"  # each label record's digest of what its trajectory's labels are made from
+
+
+def trajectory_digest(trajectory: Trajectory, step_tokens: Sequence[int]) -> str:
+    """SHA-256 of what a trajectory's labels are made from: its messages (the actions and what they showed), its
+    step token counts, its outcome and where it was played (the task and environment a replay rebuilds). A pool
+    collected again under the same ids, or a record edited, gets other digests, so its old labels are not taken for
+    its new ones."""
+    content = {"messages": trajectory.messages, "step_tokens": list(step_tokens), "success": trajectory.success,
+               "task": trajectory.extra.get("task"), "env": trajectory.extra.get("env")}  # fmt: skip
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def completion_rounds(completions: int) -> list[int]:
@@ -252,11 +287,13 @@ def replayed_labels(source: str, trajectory: Trajectory, step_tokens: Sequence[i
 
 
 def label_records(trajectory: Trajectory, labels: Sequence[StateLabel], settings: LabelSettings,
-                  completions: Sequence[list[Continuation] | None] = (), *, terminal: bool = False) -> list[dict]:
+                  completions: Sequence[list[Continuation] | None] = (), *, terminal: bool = False,
+                  digest: str | None = None) -> list[dict]:
     """One record per decision state t = 0..T−1 (and T with ``terminal``), as ``deltattg labels`` writes them: ``id``,
     ``group``, ``step``, ``can_complete``, ``tokens_to_go`` (null where unknown), ``source``, the soft
     ``completion_rate`` where the source gives one, for replay sources ``replayed`` and ``completions`` (successes
-    of how many), ``policy``, the prefix ``messages`` and the settings (``labelling``)."""
+    of how many), ``policy``, the prefix ``messages``, the settings (``labelling``) and, where given, the
+    trajectory's :func:`trajectory_digest` (``trajectory_sha256``)."""
     prefixes = state_prefixes(trajectory.messages, terminal) if trajectory.messages is not None else None
     out = []
     count = trajectory.num_steps + (1 if terminal else 0)
@@ -279,6 +316,8 @@ def label_records(trajectory: Trajectory, labels: Sequence[StateLabel], settings
         if prefixes is not None:
             record["messages"] = prefixes[t]
         record[SETTINGS_KEY] = settings.to_json()
+        if digest is not None:
+            record[DIGEST_KEY] = digest
         out.append(record)
     return out
 

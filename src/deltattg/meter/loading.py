@@ -13,6 +13,7 @@ needs neither.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,33 @@ def meter_kind(path: str | Path) -> str | None:
     ``meter_config.json`` raises ``InputError`` naming it."""
     config = read_meter_config(path)
     return None if config is None else config["kind"]
+
+
+NOT_THE_METER = ("features.pt", "train_report.json", "labels_report.json", "reliability.png", "sft", "checkpoint-*")
+"""What a meter folder may hold beside the meter itself: caches, reports and training checkpoints."""
+
+
+def meter_digest(spec: str | os.PathLike) -> str | None:
+    """SHA-256 over the files of a meter folder that make the meter (its config, head, backbone, model; not
+    :data:`NOT_THE_METER` nor hidden files), by relative path and content: a meter retrained in place has another
+    digest. ``None`` for a spec that is no local folder (an endpoint URL, a Hub id, ``oracle``)."""
+    import fnmatch
+    import hashlib
+
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        parts = path.relative_to(folder).parts
+        if any(part.startswith(".") or any(fnmatch.fnmatch(part, pattern) for pattern in NOT_THE_METER)
+               for part in parts):
+            continue
+        digest.update(f"{'/'.join(parts)}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 TRAINING_TRACES = ("features.pt", "train_report.json", "head.pt", "sft", "checkpoint-*")  # train-meter's first files

@@ -195,22 +195,39 @@ def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokeni
     return report
 
 
+BOOTSTRAP_METER = "meter"  # td's bootstrap meter: the seed's outcome meter, named as the labels record it
+
+
 def label_settings(config: RegimeConfig, source: str, bootstrap_meter: Path | None = None) -> LabelSettings:
     """The regime's label source ``source``: completions by ``config.label_completer`` (``actor``, the run's base
-    actor, by default), ``config.label_completions`` per state; ``td`` bootstrapped from ``bootstrap_meter``."""
-    completer = config.label_completer if source in REPLAYED_SOURCES else None
-    return LabelSettings(source, completer=completer, completions=config.label_completions, seed=config.seed,
-                         bootstrap_meter=str(bootstrap_meter) if source == "td" else None, td_lambda=config.td_lambda,
-                         until_success=config.label_until_success and source == "best-of-k")
+    actor, by default) in the regime's environment, with its sampling, ``config.label_completions`` per state;
+    ``td`` bootstrapped from ``bootstrap_meter`` (recorded by name and content digest, so a seed folder read from
+    elsewhere finds its labels, and a retrained meter does not)."""
+    from deltattg.meter.loading import meter_digest
+
+    replayed = source in REPLAYED_SOURCES
+    completer = config.label_completer if replayed else None
+    lm = replayed and (completer == ACTOR_IN_POOL or parse_policy(str(completer)).is_model)
+    return LabelSettings(
+        source, completer=completer, completions=config.label_completions, seed=config.seed,
+        bootstrap_meter=BOOTSTRAP_METER if source == "td" else None,
+        bootstrap_meter_sha256=meter_digest(bootstrap_meter) if source == "td" and bootstrap_meter else None,
+        td_lambda=config.td_lambda, until_success=config.label_until_success and source == "best-of-k",
+        environment={"env": config.env, "size": "short", "options": config.env_options, "data": config.data_dir}
+        if replayed else None,
+        max_turns=config.max_turns if replayed else None, tokenizer=ACTOR_IN_POOL if replayed else None,
+        completer_temperature=sampling(config).temperature if lm else None,
+        completer_max_new_tokens=config.max_new_tokens if lm else None)
 
 
 def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequence[Trajectory],
-                settings: LabelSettings, path: Path) -> tuple[dict[str, list[StateLabel]], Any]:
+                settings: LabelSettings, path: Path, bootstrap_meter: Path | None = None
+                ) -> tuple[dict[str, list[StateLabel]], Any]:
     """The labels of every pool trajectory from ``settings``' source, kept in ``path`` (resumed if a run was
-    killed): completions by the completer with the regime's prompt and sampling; ``td`` reads the bootstrap meter."""
+    killed): completions by the completer with the regime's prompt and sampling; ``td`` reads ``bootstrap_meter``."""
     from deltattg.data.sources import Located
     from deltattg.data.tokens import ActionTokens
-    from deltattg.rollout.label_sources import make_labels
+    from deltattg.rollout.label_sources import make_labels, meter_bootstrap
 
     def completer():
         if settings.completer == ACTOR_IN_POOL:
@@ -221,17 +238,10 @@ def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequ
         return build_policy(parse_policy(str(settings.completer)), config.seed, sampling(config), world.prompt)
 
     bootstrap = None
-    if settings.bootstrap_meter:
-        from deltattg.meter.loading import load_meter, read_states
+    if settings.source == "td":
+        from deltattg.meter.loading import load_meter
 
-        meter = load_meter(settings.bootstrap_meter)
-
-        def bootstrap(trajectories):
-            rows, _ = read_states(meter, list(trajectories), terminal=True)
-            return [[None if r is None else (r.probability if r.probability is not None else float(r.can_complete),
-                                             r.tokens_to_go) for r in row] for row in rows]  # fmt: skip
-
-    torch.manual_seed(config.seed)
+        bootstrap = meter_bootstrap(load_meter(bootstrap_meter))
     items = [Located("the regime's pool", k + 1, trajectory, {}) for k, trajectory in enumerate(pool)]
     return make_labels(items, [t.step_tokens or [] for t in pool], settings, path, completer=completer,
                        count_action=ActionTokens(actor.tokenizer), bootstrap=bootstrap, progress=False)

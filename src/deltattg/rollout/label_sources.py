@@ -9,16 +9,25 @@ pool, from one of four sources (``deltattg labels --labels SOURCE``, ``train-met
 * ``td``        — bootstrapped from a meter's own readings of the record's states, no resets (TD(λ)).
 
 The terminal state is always anchored to the outcome. A state the environment does not reproduce (``envs.replay``)
-keeps its outcome label and says so (``source: "outcome"``, ``replayed: false``), counted in the report.
+keeps its outcome label and says so (``source: "outcome"``, ``replayed: false``), counted in the report; a pool none
+of whose states replays (another environment than it was played in) is refused.
 
-Labels are computed once and kept in a JSONL file, appended trajectory by trajectory as they are done, so a killed
-run keeps what it finished and the same command resumes it (a file holding labels of other settings is refused).
+Labels are computed once and kept in a JSONL file. While a run works, the file is ``FILE.partial``, appended chunk by
+chunk (:data:`CHUNK` trajectories, in the input's task order), and renamed to ``FILE`` when every trajectory is
+labelled; a killed run leaves the ``.partial`` file, which the same command resumes. Each chunk draws its completions
+from its own random stream (seeded by the label seed and its first trajectory), so a resumed run redoes the chunk it
+was killed in and gives exactly the labels of an uninterrupted one. Every record carries the settings that shaped it
+and its trajectory's digest (``data.labels.trajectory_digest``): a file of other settings is refused; labels of a
+trajectory whose content changed (a pool collected again under the same ids) are refused in a file and made again
+in a cache. One process at a time writes a label file (a lock beside it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +35,7 @@ from typing import Any
 
 from deltattg.data.jsonl import atomic_output, dumps, iter_jsonl
 from deltattg.data.labels import (
+    DIGEST_KEY,
     REPLAYED_SOURCES,
     SETTINGS_KEY,
     LabelSettings,
@@ -36,63 +46,97 @@ from deltattg.data.labels import (
     outcome_labels,
     replayed_labels,
     td_labels,
+    trajectory_digest,
 )
 from deltattg.data.sources import Located
 from deltattg.data.trajectory import Trajectory
 from deltattg.errors import InputError
 from deltattg.rollout.completions import CompletionCost, complete_states
 from deltattg.rollout.engine import Policy
+from deltattg.rollout.output import held_file
 from deltattg.envs.replay import recorded_episode
 
-# ---- the label file: appended trajectory by trajectory, resumable ------------------------------------------------------
+# ---- the label file: appended chunk by chunk, resumable -------------------------------------------------------------
 LABELS_FOLDER_SUFFIX = ".labels"  # train-meter keeps a pool's labels in POOL.labels/, one file per setting
-COMMAND_LINE_SETTINGS = ("env", "short", "env_data", "corpus", "retriever", "topk", "max_turns", "tokenizer",
-                         "completer_temperature", "completer_max_new_tokens")  # fmt: skip
+PARTIAL_SUFFIX = ".partial"  # the label file while a run is still writing it
+CHUNK = 32  # trajectories labelled together: one batch of completions, one random stream, one append
 
 
-def label_cache_path(pool: str | os.PathLike, settings: LabelSettings, environment: dict[str, Any]) -> Path:
+def label_cache_path(pool: str | os.PathLike, settings: LabelSettings) -> Path:
     """Where ``train-meter`` keeps a pool's labels of ``settings``: ``POOL.labels/SOURCE-HASH.jsonl`` beside the pool
-    file, the hash over the settings and the command line's environment, turn limit, tokenizer and completer sampling
-    (the :data:`COMMAND_LINE_SETTINGS` of ``environment``), so labels made otherwise are never mixed in."""
-    import hashlib
-
-    shaping = {"labels": settings.to_json(), **{k: environment.get(k) for k in COMMAND_LINE_SETTINGS}}
-    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    file, the hash over every setting that shapes a label (``LabelSettings.to_json``), so labels made otherwise are
+    never mixed in."""
+    text = json.dumps(settings.to_json(), sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     pool = Path(pool)
     return pool.with_name(pool.name + LABELS_FOLDER_SUFFIX) / f"{settings.source}-{digest}.jsonl"
 
 
-def read_label_file(path: Path, settings: LabelSettings, wanted: dict[str, Trajectory],
-                    keep_others: bool = False) -> tuple[dict[str, list[dict]], list[dict]]:
-    """The complete trajectories' records of an earlier run in ``path`` (none when it does not exist), by trajectory
-    id. Records of other settings, or of a trajectory not in ``wanted`` (unless ``keep_others``: a cache shared by
-    subsets of a pool, whose other trajectories are kept as they are), raise ``InputError`` naming the file and
-    line; a trajectory with states missing (a run killed while writing it) is left out, to be labelled again.
-    Returns the complete trajectories' records by id and the others' records."""
-    found: dict[str, list[dict]] = {}
-    others: list[dict] = []
-    if not path.exists():
-        return found, others
+def partial_path(path: str | os.PathLike) -> Path:
+    """Where a run writes the label file ``path`` until every trajectory is labelled."""
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+@dataclass
+class StoredLabels:
+    """What a label file holds for the trajectories asked for: the records of the complete ones by id, those of
+    other trajectories (a cache shared by subsets of a pool), and how many trajectories' records were made from other
+    content (dropped, to be labelled again)."""
+
+    done: dict[str, list[dict]] = field(default_factory=dict)
+    others: list[dict] = field(default_factory=list)
+    stale: int = 0
+
+    @property
+    def records(self) -> int:
+        return len(self.others) + sum(map(len, self.done.values()))
+
+
+def read_label_file(path: Path, settings: LabelSettings, wanted: dict[str, tuple[Trajectory, str]],
+                    cache: bool = False) -> StoredLabels:
+    """The label records an earlier run left for the trajectories ``wanted`` (id → (trajectory, its digest)): from
+    the ``.partial`` file where a run left one, else from ``path`` (nothing when neither exists). Records of other
+    settings, or of a trajectory not in ``wanted``, raise ``InputError`` naming the file and line — unless ``cache``,
+    where other trajectories' records are kept as they are, and labels made from other content than the trajectory's
+    now (another digest) are dropped and counted (a plain label file refuses them: its input changed). A trajectory
+    with states missing (a run killed while writing it) is left out, to be labelled again."""
+    stored = StoredLabels()
+    source = partial_path(path) if partial_path(path).exists() else path
+    if not source.exists():
+        return stored
     expected = settings.to_json()
-    for line, record in _complete_lines(path):
+    found: dict[str, list[dict]] = {}
+    stale: set[str] = set()
+    for line, record in _complete_lines(source):
         if record.get(SETTINGS_KEY) != expected:
             raise InputError(f"holds labels made with other settings ({json.dumps(record.get(SETTINGS_KEY))}, now "
                              f"{json.dumps(expected)}): rerun with those settings to resume, or write elsewhere",
-                             path=str(path), line=line)  # fmt: skip
-        if record.get("id") not in wanted:
-            if keep_others:
-                others.append(record)
+                             path=str(source), line=line)  # fmt: skip
+        key = record.get("id")
+        if key not in wanted:
+            if cache:
+                stored.others.append(record)
                 continue
-            raise InputError(f"a label of trajectory {record.get('id')!r}, which is not in the input", path=str(path),
+            raise InputError(f"a label of trajectory {key!r}, which is not in the input", path=str(source), line=line)
+        trajectory, digest = wanted[key]
+        if record.get(DIGEST_KEY) != digest:
+            if cache:
+                stale.add(key)
+                continue
+            raise InputError(f"holds labels of trajectory {key!r} made from other content than the input's (its "
+                             "messages, step tokens or outcome changed: the pool was collected again or edited); "
+                             "write the labels elsewhere, or delete this file to label afresh", path=str(source),
                              line=line)  # fmt: skip
         step = record.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= wanted[record["id"]].num_steps:
-            raise InputError(f"step must be a state of the trajectory, got {step!r}", path=str(path), line=line,
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= trajectory.num_steps:
+            raise InputError(f"step must be a state of the trajectory, got {step!r}", path=str(source), line=line,
                              field="step")  # fmt: skip
-        found.setdefault(record["id"], []).append(record)
-    complete = {key: records for key, records in found.items()
-                if set(range(wanted[key].num_steps)) <= {r["step"] for r in records}}  # fmt: skip
-    return complete, others
+        found.setdefault(key, []).append(record)
+    stored.stale = len(stale)
+    stored.done = {key: records for key, records in found.items()
+                   if key not in stale and set(range(wanted[key][0].num_steps)) <= {r["step"] for r in records}}
+    return stored
 
 
 def _complete_lines(path: Path) -> Iterator[tuple[int, dict]]:
@@ -111,27 +155,37 @@ def _complete_lines(path: Path) -> Iterator[tuple[int, dict]]:
         yield line, record
 
 
-def _ends_with(path: Path, records: int) -> bool:
-    """Whether the label file holds exactly ``records`` lines, the last one ended by a line break (nothing to drop
-    before appending)."""
-    data = path.read_bytes()
-    return data.endswith(b"\n") and data.count(b"\n") == records or not data
-
-
-def _rewrite(path: Path, kept: dict[str, list[dict]], others: Sequence[dict]) -> None:
-    """Replace ``path`` with only the complete trajectories' records and ``others`` (atomically)."""
+def _write(path: Path, records: Sequence[dict]) -> None:
+    """``records`` as the whole of ``path``, atomically."""
     with atomic_output(path) as handle:
-        for record in [*others, *(r for records in kept.values() for r in records)]:
+        for record in records:
             handle.write(dumps(record) + "\n")
+
+
+def file_source(path: str | os.PathLike) -> str | None:
+    """The label source of an existing label file (of its finished or its ``.partial`` form; the first record's
+    ``labelling.source``, ``outcome`` for records that carry no settings: ``deltattg labels``' outcome labels), or
+    None when there is none or it is empty."""
+    for candidate in (partial_path(path), Path(path)):
+        if not candidate.is_file():
+            continue
+        for _, record in iter_jsonl(candidate):
+            if isinstance(record, InputError):
+                return None
+            settings = record.get(SETTINGS_KEY)
+            return str(settings.get("source")) if isinstance(settings, dict) else "outcome"
+    return None
 
 
 @dataclass
 class LabelReport:
-    """What labelling a pool did: trajectories and states labelled (and already there), states that kept their outcome
-    label because they did not replay, and the completion cost."""
+    """What labelling a pool did: trajectories and states labelled (and already there; made from other content
+    and labelled again), states that kept their outcome label because they did not replay, and the completion
+    cost."""
 
     trajectories: int = 0
     reused: int = 0
+    stale: int = 0
     states: int = 0
     unreplayable: int = 0
     cost: CompletionCost | None = None
@@ -147,16 +201,39 @@ class LabelReport:
         text = f"{self.states} decision states of {self.trajectories} trajectories"
         if self.reused:
             text += f" ({self.reused} trajectories' labels already there)"
+        if self.stale:
+            text += (f"; {self.stale} trajectories' stored labels were made from other content (the pool was "
+                     "collected again) and were made again")
         if self.cost is not None:
             c = self.cost
             text += (f"; {c.episodes} completions, {c.env_steps} environment steps, {c.completer_tokens} completer "
                      f"tokens, {c.seconds:.1f} s")
+            share = c.unreplayable / c.states if c.states else 0.0
+            text += f"; {c.unreplayable} of {c.states} completed states ({share:.1%}) did not replay"
             if c.unreplayable:
                 why = ", ".join(f"{n}: {reason}" for reason, n in c.mismatches.items())
-                text += f"; {c.unreplayable} states did not replay and keep their outcome label ({why})"
+                text += f" and keep their outcome label ({why})"
         for source, (states, completable) in self.completable.items():
             text += f"\n  {source}: {states} states, {completable / max(states, 1):.1%} labelled completable"
         return text
+
+
+def chunk_seed(seed: int, first: str) -> int:
+    """The seed of the random stream a chunk of trajectories is completed with: the label seed and the chunk's first
+    trajectory id (stable across runs and processes)."""
+    from deltattg.rollout.evaluate import episode_seed
+
+    return episode_seed(seed, first)
+
+
+def start_stream(policy: Policy, seed: int) -> None:
+    """Draw ``policy``'s next samples from a stream of its own seeded by ``seed``: torch's (an LM samples with it)
+    and the policy's own generator where it keeps one (``random``, ``expert:EPS``)."""
+    import torch
+
+    torch.manual_seed(seed)
+    if isinstance(getattr(policy, "rng", None), random.Random):
+        policy.rng = random.Random(seed)  # type: ignore[attr-defined]
 
 
 def make_labels(
@@ -170,8 +247,8 @@ def make_labels(
     bootstrap: Callable[[Sequence[Trajectory]], list[list[tuple[float, float | None] | None]]] | None = None,
     make_env: Callable[[], Any] | None = None,
     max_turns: int | None = None,
-    keep_others: bool = False,
-    chunk: int = 32,
+    cache: bool = False,
+    chunk: int = CHUNK,
     progress: bool = True,
 ) -> tuple[dict[str, list[StateLabel]], LabelReport]:
     """The labels of every trajectory of ``items`` (s_0..s_T each, by trajectory id), kept in the label file ``path``
@@ -179,52 +256,113 @@ def make_labels(
     sources; called only if some trajectory is left to label), ``count_action`` counts an action's tokens where the
     completer records none, ``bootstrap`` reads a meter's (p̂, v̂) of every state s_0..s_T of trajectories (``td``);
     ``make_env`` replaces the environment each record describes and ``max_turns`` is the turn limit of records
-    without one (``rollout.replay.recorded_episode``); ``keep_others`` keeps the labels of other trajectories in the
-    file (a cache shared by subsets of a pool) instead of refusing them.
-    A record that cannot be replayed at all (no provenance) is refused with its file and line."""
+    without one (``rollout.replay.recorded_episode``); ``cache``: the file is a cache shared by subsets of a pool
+    (other trajectories' labels are kept, labels made from other content are made again; see
+    :func:`read_label_file`). A record that cannot be replayed at all (no provenance) is refused with its file and
+    line, and so is a pool none of whose states replays."""
+    path = Path(path)
+    with held_file(path):
+        return _make_labels(items, step_tokens, settings, path, completer=completer, count_action=count_action,
+                            bootstrap=bootstrap, make_env=make_env, max_turns=max_turns, cache=cache, chunk=chunk,
+                            progress=progress)  # fmt: skip
+
+
+def _make_labels(items: Sequence[Located], step_tokens: Sequence[Sequence[int]], settings: LabelSettings, path: Path,
+                 *, completer: Callable[[], Policy] | None, count_action: Callable[[str], int] | None,
+                 bootstrap: Callable | None, make_env: Callable[[], Any] | None, max_turns: int | None, cache: bool,
+                 chunk: int, progress: bool) -> tuple[dict[str, list[StateLabel]], LabelReport]:
+    """:func:`make_labels` while this process holds the label file."""
     from tqdm import tqdm
 
-    path = Path(path)
     by_id = {item.trajectory.id: item.trajectory for item in items}
     tokens_of = {item.trajectory.id: list(tokens) for item, tokens in zip(items, step_tokens)}
-    done, others = read_label_file(path, settings, by_id, keep_others)
-    if path.exists() and not _ends_with(path, len(others) + sum(map(len, done.values()))):
-        _rewrite(path, done, others)  # a killed run's partial trajectory, or a torn last line: dropped
-    report = LabelReport(trajectories=len(items), reused=len(done))
-    # a task's trajectories together: the states they share (their first, at least) are completed once
-    todo = sorted((item for item in items if item.trajectory.id not in done), key=lambda item: item.trajectory.group)
+    digests = {key: trajectory_digest(trajectory, tokens_of[key]) for key, trajectory in by_id.items()}
+    stored = read_label_file(path, settings, {key: (by_id[key], digests[key]) for key in by_id}, cache)
+    # the input's trajectories, a task's together (the states they share, their first at least, are completed once),
+    # in fixed chunks: a chunk with a trajectory left to label is labelled whole, from its own random stream
+    ordered = sorted(items, key=lambda item: item.trajectory.group)
+    chunks = [ordered[start : start + chunk] for start in range(0, len(ordered), chunk)]
+    todo = [part for part in chunks if any(item.trajectory.id not in stored.done for item in part)]
+    redo = {item.trajectory.id for part in todo for item in part}
+    done = {key: records for key, records in stored.done.items() if key not in redo}
+    report = LabelReport(trajectories=len(items), reused=len(done), stale=stored.stale)
     recorded = {}
     if settings.source in REPLAYED_SOURCES:
-        for item in todo:  # every record is checked before any completion is played
-            try:
-                recorded[item.trajectory.id] = recorded_episode(item.trajectory, make_env, max_turns)
-            except InputError as exc:
-                raise exc.located(path=item.path, line=item.line) from None
-    policy = completer() if todo and settings.source in REPLAYED_SOURCES and completer is not None else None
-    if todo and settings.source in REPLAYED_SOURCES:
-        report.cost = CompletionCost()
+        for part in todo:  # every record is checked before any completion is played
+            for item in part:
+                try:
+                    recorded[item.trajectory.id] = recorded_episode(item.trajectory, make_env, max_turns)
+                except InputError as exc:
+                    raise exc.located(path=item.path, line=item.line) from None
     labels: dict[str, list[StateLabel]] = {key: labels_of_records(records, by_id[key]) for key, records in done.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle, \
-            tqdm(total=len(todo), desc=f"labels ({settings.source})", unit="traj", disable=not progress) as bar:
-        for start in range(0, len(todo), chunk):
-            batch = [item.trajectory for item in todo[start : start + chunk]]
-            made, found = _label_batch(batch, [tokens_of[t.id] for t in batch], settings, recorded, policy,
-                                       count_action, bootstrap, report)  # fmt: skip
-            lines = []
-            for trajectory, state_labels, completions in zip(batch, made, found):
-                labels[trajectory.id] = state_labels
-                lines += [dumps(r) for r in label_records(trajectory, state_labels, settings, completions)]
-            handle.write("".join(line + "\n" for line in lines))  # one trajectory batch, then flushed
-            handle.flush()
-            bar.update(len(batch))
-    if todo:  # in the input's order again (they were labelled task by task)
-        done, others = read_label_file(path, settings, by_id, keep_others)
-        _rewrite(path, {key: done[key] for key in by_id}, others)
+    if todo:
+        policy = completer() if settings.source in REPLAYED_SOURCES and completer is not None else None
+        if settings.source in REPLAYED_SOURCES:
+            report.cost = CompletionCost()
+        work = partial_path(path)
+        created = not work.exists()
+        _write(work, [*stored.others, *(r for records in done.values() for r in records)])  # what is kept, alone
+        appended = False
+        try:
+            with open(work, "a", encoding="utf-8") as handle, \
+                    tqdm(total=len(redo), desc=f"labels ({settings.source})", unit="traj", disable=not progress) as bar:
+                for part in todo:
+                    batch = [item.trajectory for item in part]
+                    if policy is not None:
+                        start_stream(policy, chunk_seed(settings.seed, batch[0].id))
+                    made, found = _label_batch(batch, [tokens_of[t.id] for t in batch], settings, recorded, policy,
+                                               count_action, bootstrap, report)  # fmt: skip
+                    check_some_replayed(report, part[0])
+                    lines = []
+                    for trajectory, state_labels, completions in zip(batch, made, found):
+                        labels[trajectory.id] = state_labels
+                        lines += [dumps(r) for r in label_records(trajectory, state_labels, settings, completions,
+                                                                  digest=digests[trajectory.id])]  # fmt: skip
+                    handle.write("".join(line + "\n" for line in lines))  # one chunk, then flushed
+                    handle.flush()
+                    appended = True
+                    bar.update(len(batch))
+        except BaseException:
+            if created and not appended:  # nothing of this run's in it: no trace (the kept records are at path)
+                work.unlink(missing_ok=True)
+            raise
+        finished = read_label_file(path, settings, {key: (by_id[key], digests[key]) for key in by_id}, cache)
+        _write(path, [*finished.others, *(r for key in by_id for r in finished.done[key])])  # the input's order
+        work.unlink()
+    elif partial_path(path).exists():  # a run killed after its last chunk, before the rename
+        _write(path, [*stored.others, *(r for key in by_id for r in done[key])])
+        partial_path(path).unlink()
     report.states = sum(t.num_steps for t in by_id.values())
     report.unreplayable = report.cost.unreplayable if report.cost is not None else 0
     report.completable = completable_by_source(labels)
     return labels, report
+
+
+def meter_bootstrap(meter: Any) -> Callable[[Sequence[Trajectory]], list[list[tuple[float, float | None] | None]]]:
+    """``td``'s reader: ``meter``'s (p̂, v̂) of every state s_0..s_T of trajectories (p̂: its calibrated probability
+    where it gives one, else its b̂), None for an invalid reading."""
+    from deltattg.meter.loading import read_states
+
+    def read(trajectories: Sequence[Trajectory]) -> list[list[tuple[float, float | None] | None]]:
+        rows, _ = read_states(meter, list(trajectories), terminal=True)
+        return [[None if r is None or r.can_complete is None else
+                 (r.probability if r.probability is not None else float(r.can_complete), r.tokens_to_go)
+                 for r in row] for row in rows]  # fmt: skip
+
+    return read
+
+
+def check_some_replayed(report: LabelReport, first: Located) -> None:
+    """Refuse (``InputError`` naming the pool) a run in which not one completed state has replayed so far: the
+    records were played in another environment than the one rebuilt (a ``--short`` pool read without ``--short``,
+    another ``--env``), and every label would be the outcome's under a replay source's name."""
+    cost = report.cost
+    if cost is None or not cost.states or cost.unreplayable < cost.states:
+        return
+    why = ", ".join(f"{n}: {reason}" for reason, n in cost.mismatches.items()) or "none reproduced"
+    raise InputError(f"not one of {cost.states} states replayed ({why}): these records were not played in the "
+                     "environment rebuilt for them (check --env and its options, e.g. --short); nothing written",
+                     path=first.path)  # fmt: skip
 
 
 def _label_batch(batch: Sequence[Trajectory], tokens: Sequence[Sequence[int]], settings: LabelSettings,
