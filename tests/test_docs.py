@@ -180,3 +180,137 @@ def test_the_equations_page_names_functions_that_exist():
             break
         else:
             pytest.fail(f"{name}: no such module")
+
+
+# ---- pointers from the code, the scripts and the --help texts to the README's sections and the docs pages ----------
+README_POINTER = re.compile(r"(?:\bsee\s+(?:the\s+)?|\()README\b(?!\.md)|\bREADME(?:'s|’s)\s|\bREADME\s+says\b")
+NAMED_HEADING = re.compile(r"""^[^).;]*?(?:["“'‘]([^"”'’]+)["”'’]|(?:^|\s)(\w[\w ]*?)\s+section\b)""")
+DOCS_PATH = re.compile(r"(?<![\w/.-])docs/([\w/.-]+?\.md)(?:#([\w-]+))?")
+
+
+def headings(page: Path) -> set[str]:
+    """The texts of a Markdown page's headings, lower case (fenced code left out)."""
+    text = re.sub(r"(?ms)^```.*?^```", "", page.read_text())
+    return {m.group(1).strip().lower() for m in re.finditer(r"(?m)^#{1,6} (.+)$", text)}
+
+
+def unresolved_pointers(where: str, text: str) -> list[str]:
+    """The pointers of ``text`` that point at nothing: a README pointer ("see the README", "(README)", "the README's
+    X", "the README says so under X") that names no heading of README.md — a heading is named quoted or as "X
+    section" — and a ``docs/PAGE.md[#anchor]`` path to no page or to no heading of it."""
+    readme = headings(REPO / "README.md")
+    broken = []
+    for m in README_POINTER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        named = NAMED_HEADING.match(text[m.end():m.end() + 120])
+        heading = named and (named.group(1) or named.group(2)).strip()
+        if not heading:
+            broken.append(f"{where}:{line}: {m.group(0).strip()!r} names no heading of README.md")
+        elif heading.lower() not in readme:
+            broken.append(f"{where}:{line}: README.md has no heading {heading!r}")
+    for m in DOCS_PATH.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        page, anchor = REPO / "docs" / m.group(1), m.group(2)
+        if not page.is_file():
+            broken.append(f"{where}:{line}: {m.group(0)}: no such page")
+        elif anchor and anchor not in anchors(page):
+            broken.append(f"{where}:{line}: {m.group(0)}: {page.name} has no heading with that anchor")
+    return broken
+
+
+def pointing_texts() -> dict[str, str]:
+    """What may point at the README or a docs page: the package's and the scripts' sources, the docs pages, the
+    recipes, and every command's --help."""
+    files = [*(REPO / "src" / "deltattg").rglob("*.py"), *(REPO / "bench").rglob("*.py"),
+             *(REPO / "bench").rglob("*.md"), *(REPO / "docs").rglob("*.md"),
+             *(path for path in (REPO / "recipes").rglob("*") if path.is_file())]
+    texts = {str(path.relative_to(REPO)): path.read_text(encoding="utf-8") for path in sorted(files)}
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    return texts | {f"deltattg {name} --help": command.format_help() for name, command in commands.items()}
+
+
+def test_every_pointer_at_a_readme_section_or_a_docs_page_resolves(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per help text: a path is never wrapped
+    broken = [why for where, text in pointing_texts().items() for why in unresolved_pointers(where, text)]
+    assert not broken, "\n".join(broken)
+
+
+def test_a_pointer_at_nothing_is_caught():
+    text = ('"""Its defaults (see the README); the README\'s "Results"; the README says so under "Progress meter";\n'
+            "the README's Commands section; (README); docs/benchmarks.md#the-household-rl-regime; docs/gone.md;\n"
+            'docs/verl.md#nowhere; bench/README.md; README.md."""')  # fmt: skip
+    assert [why.split(": ", 1)[1] for why in unresolved_pointers("x.py", text)] == [
+        "'see the README' names no heading of README.md",
+        "README.md has no heading 'Progress meter'",
+        "'(README' names no heading of README.md",
+        "docs/gone.md: no such page",
+        "docs/verl.md#nowhere: verl.md has no heading with that anchor",
+    ]
+
+
+# ---- the paper's models, named once in code (deltattg.train.config) and the same in the docs, recipe and --help ----
+MODEL_ID = re.compile(r"(?:Qwen/)?Qwen3-4B-Instruct-2507|Qwen/[\w.-]*\w")
+ROLE = re.compile(r"\b(actor|meter)\b")
+
+
+def misnamed_models(where: str, text: str, role: str | None = None) -> list[str]:
+    """Each Qwen model ``text`` names that is not the paper's model for the role it is named for: the last "actor" or
+    "meter" in the 80 characters before it (else ``role``, the role of the whole text)."""
+    from deltattg.train.config import PAPER_ACTOR_MODEL, PAPER_METER_MODEL
+
+    paper = {"actor": PAPER_ACTOR_MODEL, "meter": PAPER_METER_MODEL}
+    wrong = []
+    for m in MODEL_ID.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        said = ROLE.findall(text[max(0, m.start() - 80):m.start()])
+        named_for = said[-1] if said else role
+        model = m.group(0) if m.group(0).startswith("Qwen/") else f"Qwen/{m.group(0)}"
+        if named_for is None:
+            wrong.append(f"{where}:{line}: {m.group(0)} is named for no role: say 'actor' or 'meter' before it")
+        elif model != paper[named_for]:
+            wrong.append(f"{where}:{line}: {m.group(0)} as the {named_for}; the paper's is {paper[named_for]}")
+    return wrong
+
+
+def test_the_docs_the_recipe_the_presets_and_the_help_name_the_papers_models():
+    """The paper fine-tunes Qwen3-4B as the actor and starts each meter from Qwen3-4B-Instruct-2507."""
+    from deltattg.train.config import PAPER_ACTOR_MODEL, PRESETS
+
+    recipe = (REPO / "recipes" / "verl" / "train.sh").read_text()
+    assert re.search(r"(?m)^MODEL=\$\{MODEL:-(.+)\}$", recipe).group(1) == PAPER_ACTOR_MODEL  # type: ignore[union-attr]
+    actors = {name: preset["actor"]["model"] for name, preset in PRESETS.items()}
+    gpu_presets = {name: model for name, model in actors.items() if model != "tiny"}
+    assert gpu_presets == dict.fromkeys(("alfworld", "papersearchqa", "awm"), PAPER_ACTOR_MODEL)
+    comments = "\n".join(line for line in recipe.splitlines() if line.startswith("#"))
+    wrong = misnamed_models("recipes/verl/train.sh", comments)
+    for page in documentation_pages():
+        wrong += misnamed_models(str(page.relative_to(REPO)), page.read_text())
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, command in commands.items():
+        role = ROLE.search(name)
+        wrong += misnamed_models(f"deltattg {name} --help", command.format_help(), role and role.group(1))
+    assert not wrong, "\n".join(wrong)
+    assert misnamed_models("x.md", "the actor `Qwen/Qwen3-4B-Instruct-2507`; a meter from Qwen3-4B-Instruct-2507; "
+                           "`Qwen/Qwen3-4B`") == [  # fmt: skip
+        "x.md:1: Qwen/Qwen3-4B-Instruct-2507 as the actor; the paper's is Qwen/Qwen3-4B",
+        "x.md:1: Qwen/Qwen3-4B as the meter; the paper's is Qwen/Qwen3-4B-Instruct-2507",
+    ]
+
+
+# ---- what robust DeltaTTG is recommended over ------------------------------------------------------------------------
+RECOMMENDED = re.compile(r"(?<!-)\brecommended\b(?!\**\s+over\s)", re.IGNORECASE)  # an anchor is a name too
+
+
+def test_recommended_always_says_over_what():
+    """The evidence recommends ``deltattg_robust`` over the paper's ``deltattg`` with a learned meter, not over GRPO
+    (docs/benchmarks.md): wherever it is called recommended — the pages' text (a heading is a name), ``deltattg
+    methods`` — the next word is "over"."""
+    from deltattg.credit import available_estimators, get_estimator
+
+    texts = {str(page.relative_to(REPO)): re.sub(r"(?m)^#{1,6} .*$", "", page.read_text())
+             for page in documentation_pages()}
+    texts |= {f"deltattg methods: {name}": get_estimator(name).summary for name in available_estimators()}
+    vague = [f"{where}: …{text[max(0, m.start() - 40):m.end() + 30]}…" for where, text in texts.items()
+             for m in RECOMMENDED.finditer(text)]  # fmt: skip
+    assert not vague, "\n".join(vague)
+    assert "recommended over" in get_estimator("deltattg_robust").summary

@@ -9,7 +9,7 @@
 #          clip-high 0.28, C 6144; we have no PaperSearchQA environment: TASKS defaults to BFCL multi-turn)
 # NNODES   1 or 2 nodes of GPUS_PER_NODE (8) GPUs; DeltaTTG keeps GPU 7 of node 0 for the meter (serve_meter.sh),
 #          so the actor gets 7 GPUs per node.
-# MODEL    the actor (default Qwen/Qwen3-4B-Instruct-2507); METER: the meter endpoint (default http://HEAD:8100/v1)
+# MODEL    the actor (default Qwen/Qwen3-4B, the paper's); METER: the meter endpoint (default http://HEAD:8100/v1)
 #          or a saved regression meter folder; METER_MODEL: the served meter's name.
 # DRY_RUN=1 prints the commands instead of running them.
 set -euo pipefail
@@ -17,7 +17,7 @@ METHOD=${METHOD:-deltattg}
 SETTING=${SETTING:-alfworld}
 NNODES=${NNODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-MODEL=${MODEL:-Qwen/Qwen3-4B-Instruct-2507}
+MODEL=${MODEL:-Qwen/Qwen3-4B}
 METER=${METER:-http://$(hostname -I 2>/dev/null | awk '{print $1}'):8100/v1}
 METER_MODEL=${METER_MODEL:-deltattg-meter}
 OUT=${OUT:-runs/verl-$METHOD-$SETTING}

@@ -252,8 +252,9 @@ VARIANTS: dict[str, Variant] = {
 
 _DOCS = {
     "deltattg": "DeltaTTG: Token-to-Go progress redistributes A_i over steps (Eq. 7-11, Algorithm 1).",
-    RECOMMENDED: "Robust DeltaTTG (ours; recommended): the paper's credit made safe for a learned meter: calibrated "
-                 "soft readout, hindsight on successes, running-median smoothing, share cap, on-batch trust.",
+    RECOMMENDED: "Robust DeltaTTG (ours; recommended over deltattg with a learned meter; no better than GRPO in our "
+                 "benchmark): calibrated soft readout, hindsight on successes, running-median smoothing, share cap, "
+                 "on-batch trust.",
     "pos": "DeltaTTG without sign-aware reversal: m = max(Δ, 0) for every A_i (E.4, Eq. 21).",
     "rho0": "DeltaTTG without uniform mixing: ρ = 0 (E.4, Eq. 22).",
     "feas": "DeltaTTG with binary feasibility only: costs 0 / C (E.4, Eq. 20).",

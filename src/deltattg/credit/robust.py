@@ -3,8 +3,8 @@
 The paper's credit (Eq. 7–11) trusts every reading: one misread b̂ moves Δ by ≈ C, ``max(Δ, 0)`` keeps the +C half
 of a spurious flip and drops the −C half, and the step next to it takes the cap M. Each stage below is one switch of
 the estimator record ``robust`` (``CreditConfig`` fields; its defaults are the configuration the household benchmark
-chose, see the README), and each leaves the paper's invariants alone: the advantage A_i, its sign and its token mean
-are unchanged, and no token multiplier exceeds M.
+chose, listed in docs/concepts/credit.md#robust-deltattg-ours-recommended), and each leaves the paper's invariants
+alone: the advantage A_i, its sign and its token mean are unchanged, and no token multiplier exceeds M.
 
     p̃            the meter's calibrated completion probability (b̂ as 0/1 where a meter gives none)
     hindsight    p̃ = 1 on every state of a successful trajectory — it was completed, so a b̂ = 0 there is a known

@@ -279,8 +279,8 @@ def write_report(result: DemoResult) -> Path:
         f"![meter fit]({METER_PLOT})",
         "## 4. Where the credit goes",
         f"{config.group_size} sampled base-actor rollouts of each of {config.credit_tasks} training tasks, credited by "
-        "GRPO (the trajectory's advantage on every step), by the paper's DeltaTTG and by robust DeltaTTG (ours, the "
-        "recommended configuration) reading the learned meter"
+        "GRPO (the trajectory's advantage on every step), by the paper's DeltaTTG and by robust DeltaTTG (ours, at its "
+        "defaults) reading the learned meter"
         + (" and the oracle meter (the household planner's exact readings). The planner also says which steps made "
            "progress (the distance to the goal drops), which were neutral and which regressed; the table gives the "
            "share of positive credit (A > 0, token-weighted) on progress steps and of negative credit (A < 0) on "
@@ -297,7 +297,7 @@ def write_report(result: DemoResult) -> Path:
         f"{config.lr:g}, C = {config.failure_cost:g}, ρ = {config.rho:g}, M = {config.cap:g}; held-out evaluation on "
         f"{config.eval_tasks} `{config.eval_split}` tasks every {config.eval_every} steps. One seed: the gap between "
         "arms in one run is mostly noise; `bench/bench_train.py` runs the same arms over paired seeds with "
-        "confidence intervals (the README's table). Runs: " + ", ".join(f"`{a}/`" for a in result.runs) + ".",
+        "confidence intervals (docs/benchmarks.md#the-household-rl-regime). Runs: " + ", ".join(f"`{a}/`" for a in result.runs) + ".",
         markdown_table(RL_HEADER, rl_rows(summaries)),
         f"Training-step time ÷ GRPO's (meter scoring included; rollout lengths differ between runs): {times}.",
         f"![success curves]({SUCCESS_PLOT})",

@@ -92,7 +92,7 @@ def progress_reward(completion_text: str, can_complete: bool, tokens_to_go: int 
     """The meter's GRPO reward for one sampled answer against its labels (b, v) of Eq. 2.
 
     OUR RECONSTRUCTION, REPLACEABLE: the paper's Eq. 4–5 ("reward and token-accuracy score") are lost in our copy
-    (the README says so under "Progress meter"). We use: 0 if the answer does not parse; for an unsuccessful target (b = 0), 1 if b̂ = 0 else 0;
+    (docs/concepts/meter.md says so). We use: 0 if the answer does not parse; for an unsuccessful target (b = 0), 1 if b̂ = 0 else 0;
     for a successful target (b = 1), 0 if b̂ = 0 else 0.5 + 0.5·s with s = :func:`token_score` (v̂, v).
     """
     if can_complete and tokens_to_go is None:

@@ -27,6 +27,11 @@ from deltattg.loss import LossConfig
 from deltattg.settings import setting
 
 DAPO = "dapo"
+# The paper's models (§4.1): it fine-tunes Qwen3-4B (and Llama-3.1-8B-Instruct) as the actor and initialises each
+# progress meter from Qwen3-4B-Instruct-2507. The GPU presets, the verl recipe, the --help texts and the docs name
+# these two (tests/test_docs.py holds them to it).
+PAPER_ACTOR_MODEL = "Qwen/Qwen3-4B"
+PAPER_METER_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -188,7 +193,7 @@ def _table4(
     eval_split: str = "valid_seen",
 ) -> dict:
     return {
-        "actor": {"model": "Qwen/Qwen3-4B", "dtype": "float32"},  # fp32 weights: bf16 loses lr-1e-6 AdamW updates
+        "actor": {"model": PAPER_ACTOR_MODEL, "dtype": "float32"},  # fp32 weights: bf16 loses lr-1e-6 AdamW updates
         "env": {"name": env, "eval_split": eval_split},
         "rollout": {"batch_size": batch, "group_size": group, "max_turns": turns, "max_new_tokens": tokens,
                     "temperature": 1.0, "top_p": 1.0},
