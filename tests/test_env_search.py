@@ -298,6 +298,154 @@ def test_the_server_answers_search_r1s_batch_of_2560_queries(server):
         [[p.id for p in hits] for hits in index.search(queries[:5], 3)]  # fmt: skip
 
 
+# ---- the server's bounds: results per request, memory per connection ---------------------------------------------
+
+def raw_post(address: tuple[str, int], payload: dict) -> tuple[int, dict[str, str], bytes]:
+    """A ``/retrieve`` answer as sent: status, headers and the body's bytes."""
+    import http.client
+
+    connection = http.client.HTTPConnection(*address, timeout=60)
+    try:
+        connection.request("POST", "/retrieve", json.dumps(payload), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def test_a_request_over_the_result_limit_is_refused_and_the_server_keeps_answering(server):
+    """10,000 queries × topk 26 (a 0.2 MB request) used to be answered with 187 MB; now more than ``--max-results``
+    results (queries × topk) are refused with HTTP 400 naming the limit and the option, before any retrieval."""
+    from deltattg.envs.search.retrieval import MAX_RESULTS
+
+    _, url = server
+    status, error = post(url, json.dumps({"queries": ["Hamlet tragedy"] * 10_000, "topk": 26}).encode())
+    assert status == 400 and f"at most {MAX_RESULTS:,}" in error["error"] and "--max-results" in error["error"]
+    assert 2560 * 3 <= MAX_RESULTS  # Search-R1's GRPO batch fits the default
+    status, answer = post(url, json.dumps({"queries": ["Hamlet tragedy"], "topk": 2}).encode())
+    assert status == 200 and answer["result"][0][0] == CORPUS[3]
+
+
+def test_a_search_r1_batch_is_answered_byte_for_byte_as_before(server):
+    """The answer is now encoded while it is written; its bytes and Content-Length are what ``json.dumps`` of the
+    whole answer gave."""
+    index, url = server
+    address = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    queries = [f"{word} {k}" for k in range(512) for word in ("Hamlet", "Melbourne founded", "Menzies school",
+                                                                 "Marion city", "nothing")]  # fmt: skip
+    for payload in ({"queries": queries, "topk": 3, "return_scores": True}, {"queries": queries[:7]},
+                    {"queries": [], "topk": 3}):  # fmt: skip
+        with_scores, topk = payload.get("return_scores", False), payload.get("topk", 3)
+        before = json.dumps({"result": [[{"document": p.as_json(), "score": s} if with_scores else p.as_json()
+                                         for p, s in hits] for hits in index.scored(payload["queries"], topk)]})
+        status, headers, body = raw_post(address, payload)
+        assert status == 200 and body == before.encode() and int(headers["Content-Length"]) == len(body)
+
+
+def long_passages_index(n: int = 8, words: int = 250) -> BM25Index:
+    """``n`` passages of about 1.8 KB, every one matching the query word ``alpha``."""
+    from deltattg.envs.search.data import Passage
+
+    return BM25Index([Passage(f"p{k}", f"Passage {k}\n" + " ".join(["alpha", *(f"w{k}x{j}" for j in range(words))]))
+                      for k in range(n)])  # fmt: skip
+
+
+BIG_REQUEST = {"queries": [f"alpha {k}" for k in range(2000)], "topk": 8, "return_scores": True}  # 16,000 results
+
+
+def slow_reader(address: tuple[str, int], payload: dict) -> tuple[socket.socket, int]:
+    """A client that sends ``payload``, reads the answer's headers and then stops reading; its socket and the answer's
+    Content-Length."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(address)
+    body = json.dumps(payload).encode()
+    client.sendall(b"POST /retrieve HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += client.recv(1)
+    headers = received.decode().lower().split("\r\n")
+    assert headers[0].startswith("http/1.0 200"), headers[0]
+    return client, int(next(h for h in headers if h.startswith("content-length:")).split(":")[1])
+
+
+def test_slow_readers_hold_little_memory_while_their_answers_are_written():
+    """Three clients that read an answer's headers and then stop reading used to hold the whole encoded answer each
+    until the connection timeout (three 10,000-query requests: 1.3 GB for 30 s); the answer is now encoded as it is
+    written, so a connection holds its passages' references and one block of text."""
+    import tracemalloc
+
+    httpd = make_server(long_passages_index(), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    address = httpd.server_address[:2]
+    readers = []
+    try:
+        assert raw_post(address, {"queries": ["alpha"]})[0] == 200  # warm
+        tracemalloc.start()
+        baseline = tracemalloc.get_traced_memory()[0]
+        readers = [slow_reader(address, BIG_REQUEST) for _ in range(3)]
+        held = tracemalloc.get_traced_memory()[0] - baseline
+        answer_bytes = readers[0][1]
+        assert answer_bytes > 25_000_000
+        assert held < answer_bytes / 2, f"three slow readers hold {held:,} bytes (an answer: {answer_bytes:,})"
+    finally:
+        tracemalloc.stop()
+        for client, _ in readers:
+            client.close()
+        try:
+            assert raw_post(address, {"queries": ["alpha"]})[0] == 200
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+def test_a_reader_that_stops_reading_is_dropped(monkeypatch, capsys):
+    """With the only handler slot held by a client that does not read its (large) answer, the next request is
+    answered once that client is dropped: every block of an answer is written within the connection timeout."""
+    from deltattg.envs.search import retrieval
+
+    monkeypatch.setattr(retrieval, "CONNECTION_TIMEOUT_S", 1.0)
+    httpd = make_server(long_passages_index(), "127.0.0.1", 0, max_handlers=1)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    address = httpd.server_address[:2]
+    try:
+        client, length = slow_reader(address, BIG_REQUEST)
+        assert raw_post(address, {"queries": ["alpha"]})[0] == 200
+        received = 0
+        try:
+            while chunk := client.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        client.close()
+        assert received < length  # cut off
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_serve_retriever_takes_its_result_limit_from_the_command_line(files):
+    """``deltattg serve-retriever --max-results N`` as a process: N results per request are answered, more refused."""
+    import subprocess
+    import sys
+
+    _, corpus = files
+    process = subprocess.Popen([sys.executable, "-m", "deltattg", "serve-retriever", corpus, "--port", "0",
+                                "--max-results", "6"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = process.stderr.readline()
+        assert line.startswith("serving 4 passages"), line
+        address = ("127.0.0.1", int(line.split("http://127.0.0.1:")[1].split("/")[0]))
+        assert raw_post(address, {"queries": ["Hamlet", "Melbourne", "Marion"], "topk": 2})[0] == 200
+        status, _, body = raw_post(address, {"queries": ["Hamlet", "Melbourne", "Marion"], "topk": 3})
+        assert status == 400 and "at most 6 per request" in json.loads(body)["error"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        process.stderr.close()
+
+
 def test_the_client_keeps_topk_and_names_passages_without_ids(files):
     """A server that sends more documents than asked, without ids (Search-R1's BM25 path): the client keeps the first
     ``topk`` and gives each passage an id of its contents, so two passages never share one; titles keep their
@@ -425,9 +573,9 @@ class _FlakyHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         type(self).requests += 1
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        status, answer = (500, {"error": "flaky"}) if self.requests % 4 else \
-            (200, retrieve_answer(self.index, json.loads(body), 3))  # fmt: skip
-        data = json.dumps(answer).encode()
+        status, text = (500, json.dumps({"error": "flaky"})) if self.requests % 4 else \
+            (200, "".join(retrieve_answer(self.index, json.loads(body), 3).pieces()))  # fmt: skip
+        data = text.encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

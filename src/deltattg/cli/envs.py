@@ -9,6 +9,7 @@ import sys
 
 from deltattg.cli.common import check_out
 from deltattg.command import UsageError, number
+from deltattg.envs.search.retrieval import MAX_RESULTS
 
 
 def cmd_search_data(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
                          "0.0.0.0 for every interface)")
     try:
         index = bm25_index(args.corpus)
-        server = make_server(index, args.host, args.port, topk=args.topk)
+        server = make_server(index, args.host, args.port, topk=args.topk, max_results=args.max_results)
     except ImportError as exc:
         raise UsageError(f"{exc} (pip install 'deltattg[search]')") from None
     except OSError as exc:
@@ -96,7 +97,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "serve-retriever",
         help="serve Search-R1's POST /retrieve over a corpus JSONL with BM25",
         description="The retrieval server the search environment's --retriever (and Search-R1 / verl search tools) "
-        "talk to: POST /retrieve with {queries, topk, return_scores}.",
+        "talk to: POST /retrieve with {queries, topk, return_scores}. A request asking for more than --max-results "
+        "results (queries × topk) is refused with HTTP 400; an answer is encoded as it is written, and a client "
+        "that sends nothing for 30 s, or takes less than 64 KiB of its answer in 30 s, is dropped.",
     )
     serve.add_argument("corpus", help="passage corpus JSONL, one {\"id\", \"contents\": \"Title\\ntext\"} a line")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on, default %(default)s (loopback)")
@@ -104,6 +107,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="port, default %(default)s (0: any free port)")
     serve.add_argument("--topk", type=number(int, low=1, high=100), default=3,
                        help="passages per query when a request gives no topk, default %(default)s")
+    serve.add_argument("--max-results", type=number(int, low=1), default=MAX_RESULTS,
+                       help="the most results (queries × topk) one request may ask for, default %(default)s: "
+                       "Search-R1's batch (2,560 queries × topk 3) fits; larger requests are refused with HTTP 400")
     serve.set_defaults(func=cmd_serve_retriever)
 
     awm = sub.add_parser(

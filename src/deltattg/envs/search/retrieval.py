@@ -12,10 +12,13 @@
   :class:`~deltattg.deadline_post.DeadlinePost` (one deadline, bounded retries, redirects not followed).
 * :func:`make_server` — ``deltattg serve-retriever CORPUS --port P``: the protocol over a :class:`BM25Index`
   (standard library HTTP server). It serves what Search-R1 sends — every active rollout's query in one request
-  (2,560 in its GRPO script) — and bounds the work by bytes and time, not by a count such a client exceeds: a body
-  over 16 MiB, ``topk`` over 100 or queries × ``topk`` over 262,144 results are refused with HTTP 400/413 and a JSON
-  ``{"error": ...}``; at most 32 requests are answered at once (the rest wait in a listen backlog of 512), and a
-  client that sends nothing for 30 s is dropped. A client that disconnects early is no error.
+  (2,560 × topk 3 in its GRPO script) — and bounds the work and the memory of each request: a body over 16 MiB,
+  ``topk`` over 100 or queries × ``topk`` over ``max_results`` (``--max-results``, default 32,768) results are
+  refused with HTTP 400/413 and a JSON ``{"error": ...}`` naming the limit; an answer is held as references to its
+  passages and encoded one query at a time as it is written (a 64 KiB block per write), so a slow reader holds no
+  copy of its answer's text; at most 32 requests are answered at once (the rest wait in a listen backlog of 512),
+  and a client that sends nothing for 30 s, or takes less than a block of its answer in 30 s, is dropped. A client
+  that disconnects early is no error.
 
 A failed retrieval is a :class:`RetrievalError` with a one-line reason; the environment turns it into a failed step
 (its ``error`` kept in the record, counted and warned about by ``collect`` and ``evaluate``). A client whose server
@@ -29,7 +32,8 @@ import json
 import os
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,9 +43,10 @@ from deltattg.envs.search.data import Passage, read_corpus
 from deltattg.errors import InputError, ServiceDown
 
 MAX_TOPK = 100
-MAX_RESULTS = 1 << 18  # queries × topk of one request: Search-R1's GRPO script sends 2,560 queries (× 3, up to × 100)
+MAX_RESULTS = 1 << 15  # queries × topk of one request (--max-results): Search-R1's GRPO batch is 2,560 queries × 3
 MAX_REQUEST_BYTES = 16 << 20
-CONNECTION_TIMEOUT_S = 30.0  # a client that sends nothing for this long is dropped (a stalled or half-sent request)
+CONNECTION_TIMEOUT_S = 30.0  # a client that sends or takes nothing for this long is dropped (stalled, or not reading)
+WRITE_BLOCK_BYTES = 1 << 16  # an answer is written in blocks of this size, each within CONNECTION_TIMEOUT_S
 MAX_HANDLERS = 32  # requests answered at once; more wait in the listen backlog
 MAX_FAILURES_IN_A_ROW = 5  # failed requests in a row after which a client stops the run (ServiceDown)
 SLOT_WAIT_TIMEOUTS = 4  # how many connection timeouts a new connection waits for a free handler slot
@@ -198,8 +203,32 @@ class RetrievalClient:
 
 # ---- the server --------------------------------------------------------------------------------------------------
 
-def retrieve_answer(index: BM25Index, request: Any, default_topk: int) -> dict[str, Any]:
-    """The ``/retrieve`` answer to a decoded request body; ``ValueError`` naming the field for a bad request."""
+@dataclass(frozen=True)
+class RetrieveAnswer:
+    """A ``/retrieve`` answer held as its passages (references into the index), not as text: its JSON is encoded one
+    query's hits at a time as it is written, so a connection holds a block of text however large its answer."""
+
+    hits: list[list[tuple[Passage, float]]]
+    with_scores: bool
+
+    def pieces(self) -> Iterator[str]:
+        """The answer's JSON text in pieces, one query's hits each: joined, exactly ``json.dumps`` of the whole
+        answer (ASCII: a piece's length in characters is its length in bytes)."""
+        yield '{"result": ['
+        for k, hits in enumerate(self.hits):
+            items = [{"document": p.as_json(), "score": s} if self.with_scores else p.as_json() for p, s in hits]
+            yield (", " if k else "") + json.dumps(items)
+        yield "]}"
+
+    def byte_length(self) -> int:
+        """The bytes of the encoded answer (its Content-Length), counted by encoding it once without keeping it."""
+        return sum(map(len, self.pieces()))
+
+
+def retrieve_answer(index: BM25Index, request: Any, default_topk: int,
+                    max_results: int = MAX_RESULTS) -> RetrieveAnswer:  # fmt: skip
+    """The ``/retrieve`` answer to a decoded request body; ``ValueError`` naming the field for a bad request, and for
+    one asking for more than ``max_results`` results (queries × topk) before any retrieval."""
     if not isinstance(request, dict):
         raise ValueError("the body must be a JSON object with 'queries'")
     queries = request.get("queries")
@@ -209,15 +238,29 @@ def retrieve_answer(index: BM25Index, request: Any, default_topk: int) -> dict[s
     topk = default_topk if topk is None else topk
     if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
         raise ValueError(f"'topk' must be an integer from 1 to {MAX_TOPK}")
-    if len(queries) * topk > MAX_RESULTS:
-        raise ValueError(f"'queries' × 'topk' asks for {len(queries) * topk:,} results, at most {MAX_RESULTS:,} per "
-                         "request: split it")  # fmt: skip
+    if len(queries) * topk > max_results:
+        raise ValueError(f"'queries' × 'topk' asks for {len(queries) * topk:,} results, at most {max_results:,} per "
+                         "request: split the queries over several requests, or start serve-retriever with a larger "
+                         "--max-results")  # fmt: skip
     with_scores = request.get("return_scores", False)
     if not isinstance(with_scores, bool):
         raise ValueError("'return_scores' must be true or false")
-    result = [[{"document": p.as_json(), "score": s} if with_scores else p.as_json() for p, s in hits]
-              for hits in index.scored(queries, topk)]
-    return {"result": result}
+    return RetrieveAnswer(index.scored(queries, topk), with_scores)
+
+
+def blocks(pieces: Iterable[str], size: int) -> Iterator[bytes]:
+    """ASCII ``pieces`` joined into blocks of at least ``size`` bytes (the last may be shorter): few socket writes,
+    each of a bounded block."""
+    held: list[str] = []
+    held_bytes = 0
+    for piece in pieces:
+        held.append(piece)
+        held_bytes += len(piece)
+        if held_bytes >= size:
+            yield "".join(held).encode("ascii")
+            held, held_bytes = [], 0
+    if held:
+        yield "".join(held).encode("ascii")
 
 
 class RetrievalServer(ThreadingHTTPServer):
@@ -258,9 +301,10 @@ class RetrievalServer(ThreadingHTTPServer):
 
 
 def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, topk: int = 3,
-                max_handlers: int = MAX_HANDLERS) -> RetrievalServer:
+                max_results: int = MAX_RESULTS, max_handlers: int = MAX_HANDLERS) -> RetrievalServer:
     """An HTTP server answering ``POST /retrieve`` over ``index`` (``port`` 0: any free port), at most
-    ``max_handlers`` requests at once; call ``serve_forever()`` on it."""
+    ``max_results`` results (queries × topk) per request and ``max_handlers`` requests at once; call
+    ``serve_forever()`` on it."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "deltattg-retriever"
@@ -270,12 +314,17 @@ def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, 
             pass
 
         def _answer(self, status: int, value: Any) -> None:
-            body = json.dumps(value).encode()
+            text = json.dumps(value)
+            self._send(status, len(text), [text])
+
+        def _send(self, status: int, length: int, pieces: Iterable[str]) -> None:
+            # each block is one write under the socket's timeout: a client that stops reading is dropped
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(length))
             self.end_headers()
-            self.wfile.write(body)
+            for block in blocks(pieces, WRITE_BLOCK_BYTES):
+                self.wfile.write(block)
 
         def do_GET(self) -> None:
             self._answer(404 if self.path != RETRIEVE_PATH else 405, {"error": f"use POST {RETRIEVE_PATH}"})
@@ -293,10 +342,10 @@ def make_server(index: BM25Index, host: str = "127.0.0.1", port: int = 8000, *, 
                 self._answer(413, {"error": f"a request body is at most {MAX_REQUEST_BYTES} bytes"})
                 return
             try:
-                answer = retrieve_answer(index, json.loads(self.rfile.read(length)), topk)
+                answer = retrieve_answer(index, json.loads(self.rfile.read(length)), topk, max_results)
             except (ValueError, RecursionError) as exc:
                 self._answer(400, {"error": str(exc)})
                 return
-            self._answer(200, answer)
+            self._send(200, answer.byte_length(), answer.pieces())
 
     return RetrievalServer((host, port), Handler, max_handlers)
