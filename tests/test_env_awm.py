@@ -567,3 +567,65 @@ def test_awm_examples_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     assert exit_status(["awm-examples", "--out", str(tmp_path / "mine")]) == 2
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+# ---- issue 46: a terminated or killed collect leaves no folders; a broken database is said ---------------------------
+
+def started_collect(release, tmp: Path) -> subprocess.Popen:
+    """``deltattg collect --env awm`` in another process with ``tmp`` as its temporary folder, once it has started an
+    episode's server (random episodes run up to 20 turns: long enough to be stopped in the middle)."""
+    argv = [sys.executable, "-m", "deltattg", "collect", "--env", "awm", "--data", str(release), "--split", "all",
+            "--policy", "random", "--episodes", "2", "--out", str(tmp / "pool.jsonl"), "--no-progress"]  # fmt: skip
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(tmp)})  # fmt: skip
+    if not wait_until(lambda: any(tmp.glob("*/server.py")) or child.poll() is not None, 120):
+        child.kill()
+    assert child.poll() is None, f"collect ended before an episode started: {child.communicate()[1]}"
+    return child
+
+
+def test_a_terminated_collect_removes_its_databases_and_episode_folders(release, tmp_path):
+    """SIGTERM (what Slurm and Kubernetes send) left the template databases' folder and episode folders behind."""
+    linux_only()
+    child = started_collect(release, tmp_path)
+    child.send_signal(signal.SIGTERM)
+    err = child.communicate()[1]
+    assert child.returncode == 130 and "interrupted" in err, err  # Ctrl-C's path
+    assert wait_until(lambda: sorted(p.name for p in tmp_path.iterdir()) == []), list(tmp_path.iterdir())
+
+
+def test_sigterm_is_an_interrupt_only_where_nobody_else_handles_it():
+    """The command line's SIGTERM handler is installed for the run only, and never over an application's own."""
+    from deltattg.envs.awm.sandbox import sigterm_as_interrupt
+
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)  # the signal arrives first
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        with sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert wait_until(lambda: received == [signal.SIGTERM])
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+def test_the_next_start_removes_what_a_killed_collect_left_and_never_a_live_ones(release, tmp_path):
+    """SIGKILL cannot be caught: the next start removes the folders of processes that are gone."""
+    linux_only()
+    from deltattg.envs.awm.sandbox import owned_prefix
+
+    child = started_collect(release, tmp_path)
+    child.kill()
+    child.wait()
+    left = [p for p in tmp_path.iterdir() if p.name != "pool.jsonl"]
+    assert left and all(p.name.startswith(owned_prefix("", child.pid)[:-1]) for p in left)  # tagged with its pid
+    live = tmp_path / f"{owned_prefix('databases', os.getpid())}x"  # this test's process is alive
+    live.mkdir()
+    assert subprocess.run([sys.executable, "-m", "deltattg", "collect", "--env", "awm", "--data", str(release),
+                           "--split", "notes", "--policy", "expert", "--episodes", "1", "--out",
+                           str(tmp_path / "next.jsonl"), "--no-progress"], env={**os.environ, "TMPDIR": str(tmp_path)},
+                          stdout=subprocess.DEVNULL).returncode == 0  # fmt: skip
+    assert not any(p.exists() for p in left) and live.is_dir()

@@ -22,8 +22,11 @@ from deltattg.command import UsageError, number, positive_int
 
 def cmd_collect(args: argparse.Namespace) -> int:
     """Roll out a pool of policies in an environment and write their trajectories."""
+    from contextlib import nullcontext
+
     from deltattg.data.jsonl import write_jsonl
     from deltattg.data.tokens import count_step_tokens
+    from deltattg.envs.awm.sandbox import sigterm_as_interrupt
     from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.rollout.collect import choose_tasks, collect, parse_policy
     from deltattg.rollout.engine import failed_steps, service_warning
@@ -45,9 +48,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
     tokenizer = tokenizer_of(args.tokenizer)
-    trajectories = collect(make_env, split, specs, episodes=args.episodes,
-                           group_size=args.group_size, seed=args.seed, sampling=sampling, max_turns=args.max_turns,
-                           progress=args.progress)
+    with sigterm_as_interrupt() if args.env == "awm" else nullcontext():  # its folders go as on Ctrl-C
+        trajectories = collect(make_env, split, specs, episodes=args.episodes, group_size=args.group_size,
+                               seed=args.seed, sampling=sampling, max_turns=args.max_turns, progress=args.progress)
     for traj in trajectories:
         if traj.step_tokens is None and tokenizer is not None:
             traj.step_tokens = count_step_tokens(traj.messages or [], tokenizer)

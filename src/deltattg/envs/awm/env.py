@@ -48,7 +48,8 @@ from typing import Any
 
 from deltattg.envs.awm.mcp_client import MCPClient, MCPError
 from deltattg.envs.awm.release import FILES, OPTIONAL, Release, Scenario, read_release
-from deltattg.envs.awm.sandbox import VERIFY_TIMEOUT_S, Server, ServerError, build_database, verify
+from deltattg.envs.awm.sandbox import (VERIFY_TIMEOUT_S, Server, ServerError, build_database, owned_temp_folder,
+                                       remove_orphans, verify)
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
 from deltattg.envs.tool_calls import Malformed, embedded_tool_calls
@@ -99,8 +100,9 @@ def _template(release: Release, scenario: Scenario) -> Path:
     key = (release.folder, scenario.name)
     with _templates_lock:
         if key not in _templates:
-            if not _cache_dir:
-                _cache_dir.append(Path(tempfile.mkdtemp(prefix="deltattg-awm-")))
+            if not _cache_dir:  # this process's first: remove what killed ones left
+                remove_orphans(Path(tempfile.gettempdir()))
+                _cache_dir.append(owned_temp_folder("databases"))
                 atexit.register(shutil.rmtree, _cache_dir[0], True)
             path = _cache_dir[0] / f"{len(_templates)}-{scenario.name}.db"
             build_database(path, scenario.db_schema, scenario.sample_data)
@@ -215,7 +217,7 @@ class AWMEnv:
         index = task.data.get("task_idx")
         if scenario is None or not isinstance(index, int) or isinstance(index, bool) or index not in scenario.verifiers:
             raise ValueError(f"task {task.id} is not a playable task of {self.release.folder}")
-        self._folder = Path(tempfile.mkdtemp(prefix=f"deltattg-awm-{scenario.name}-"))
+        self._folder = owned_temp_folder(scenario.name)
         working = self._folder / "final.db"
         shutil.copyfile(_template(self.release, scenario), working)
         shutil.copyfile(working, self._folder / "initial.db")

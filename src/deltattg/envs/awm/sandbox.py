@@ -1,6 +1,6 @@
 """An AWM scenario's episode sandbox: its SQLite database built from the released SQL, its FastAPI code patched to
 that database and served as MCP over streamable HTTP in a subprocess, and its code-mode verifier run in another
-subprocess with a time limit. All of it is the dataset's code: AWM environments are trusted code (docs/environments.md).
+subprocess with a time limit. All of it is the dataset's code: AWM environments are trusted code (README).
 
 Following AWM (``awm/core/{db,sample,server,verify}.py``): tables' DDL, then their indexes, then every sample INSERT
 one at a time, failures counted and skipped; the working database is copied to ``initial.db`` before the episode;
@@ -15,6 +15,11 @@ Both children get a minimal environment (:func:`child_environment`: no API token
 process group (ended as a whole: :func:`end_group`) and end with their parent (:func:`die_with_parent`, Linux: the
 kernel signals them when the thread that started them ends, so start episodes from a long-lived thread); the servers
 still running when the interpreter exits are ended by an ``atexit`` hook.
+
+Every temporary folder (the template databases, each episode's) carries its process's PID in its name
+(:func:`owned_temp_folder`): a process killed with SIGKILL cannot remove its own, so the next one to start removes
+those of processes that are gone (:func:`remove_orphans`), never a live one's. ``deltattg collect`` turns SIGTERM
+into Ctrl-C's exception (:func:`sigterm_as_interrupt`), so a terminated run cleans up as an interrupted one does.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import site
@@ -30,7 +36,11 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +49,59 @@ READY_TIMEOUT_S = 60.0
 VERIFY_TIMEOUT_S = 20.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 KEPT_VARIABLES = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL")
+OWNED = re.compile(r"deltattg-awm-pid([0-9]{1,10})-")  # the start of owned_prefix's names
+
+
+def owned_prefix(kind: str, pid: int | None = None) -> str:
+    """The name prefix of a temporary folder of the process ``pid`` (default: this one), holding ``kind``."""
+    return f"deltattg-awm-pid{os.getpid() if pid is None else pid}-{kind}-"
+
+
+def owned_temp_folder(kind: str) -> Path:
+    """A new temporary folder whose name says this process owns it, so a later process can tell it is left over."""
+    return Path(tempfile.mkdtemp(prefix=owned_prefix(kind)))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts: signal 0 is refused, not unanswered)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's, or no pid at all: not ours to judge
+        return True
+    return True
+
+
+def remove_orphans(folder: Path) -> list[Path]:
+    """Remove the temporary folders in ``folder`` whose owning process is gone (SIGKILL, a power cut) and return
+    them; a live process's folders, and anything not named by :func:`owned_prefix`, stay."""
+    removed = []
+    for path in folder.iterdir():
+        owner = OWNED.match(path.name)
+        if owner and int(owner[1]) > 0 and not process_alive(int(owner[1])) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM (what Slurm and Kubernetes send) raises ``KeyboardInterrupt``, so the command unwinds and
+    removes its folders as on Ctrl-C. For a command line only (a library must not take an application's signals),
+    and only where SIGTERM still has its default action in the main thread: an application's own handler stays."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @dataclass(frozen=True)
