@@ -44,7 +44,7 @@ def teacher_forced(policy: LMPolicy, prompt: list[int], answer: list[int], tempe
 def test_answer_logprobs_are_the_actors_teacher_forced_mean(layout):
     env, tasks, policy, trajectories = rollouts(layout)
     scorer = AnswerLogprobs(policy, env, tasks, "igpo", temperature=0.7, micro_batch_size=4)
-    metrics = scorer(trajectories)
+    metrics = scorer.before_credit(trajectories)
     # The answer: the planner's plan rendered as the actor's reply (its words, then the end of turn).
     answer = scorer.answer_ids(tasks[0].id)
     words = policy.tokenizer(env.reference_answer(tasks[0]), add_special_tokens=False)["input_ids"]

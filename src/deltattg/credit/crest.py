@@ -198,7 +198,7 @@ def verified_metrics(batch: StepBatch) -> dict[str, float]:
 
 
 @register_estimator("crest", reads=frozenset({Reads.VERIFIED, Reads.TEACHER_LOGPROBS}), teacher_weights=crest_weights,
-                    options=(
+                    side_pass="deltattg.train.teacher:self_teacher_pass", options=(
     Option("crest_beta", "β_v: Ã_t = A_i + β_v·ṽ_t, ṽ the verified outcome z-scored per (prompt, turn)", low=0,
            high=MAX_CREDIT_SETTING),
     Option("crest_epsilon", "ε_w: the teacher's weight w is clipped to [1 − ε_w, 1 + ε_w]", low=0, high=100),

@@ -177,7 +177,8 @@ def delta_weights(hidden: Tensor, token_prob: Tensor, advantage: Tensor, mask: T
                                lambda_max=config.delta_lambda_max, refine=config.delta_refine)  # fmt: skip
 
 
-@register_estimator("delta", reads=frozenset({Reads.HIDDEN_STATES}), token_weights=delta_weights, options=(
+@register_estimator("delta", reads=frozenset({Reads.HIDDEN_STATES}), token_weights=delta_weights,
+                    side_pass="deltattg.train.side_passes:hidden_state_pass", options=(
     Option("delta_lambda_min", "λ_min: the lowest token weight before self-normalisation", low=0,
            high=MAX_CREDIT_SETTING),
     Option("delta_lambda_max", "λ_max: the highest token weight before self-normalisation", low=0,

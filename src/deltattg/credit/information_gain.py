@@ -240,6 +240,7 @@ def a2tgpo_advantages(
 
 # ---- the registered estimators -------------------------------------------------------------------------------------
 ANSWER_READS = frozenset({Reads.ANSWER_PROBS})
+ANSWER_PASS = "deltattg.train.answers:answer_logprobs_pass"  # the trainer's pass that reads them (the actor's)
 IG_GAMMA = Option("ig_gamma", "discount of the accumulated information gains", low=0, high=1)
 IG_LOG = Option("ig_log", "IG in log-probability, log p_t − log p_{t−1}, instead of p_t − p_{t−1}")
 
@@ -272,7 +273,7 @@ def information_gain_credit(outcome: Tensor, advantages: Tensor, clip_scale: Ten
     return Credit.additive(outcome, advantages, Fallback.INFORMATION_GAIN, clip_scale=clip_scale)
 
 
-@register_estimator("igpo", reads=ANSWER_READS, options=(IG_GAMMA, IG_LOG))
+@register_estimator("igpo", reads=ANSWER_READS, side_pass=ANSWER_PASS, options=(IG_GAMMA, IG_LOG))
 def igpo(batch: StepBatch, config: CreditConfig) -> Credit:
     """IGPO: turn rewards = gains in the reference answer's probability, z-scored per prompt group, accumulated.
 
@@ -284,7 +285,7 @@ def igpo(batch: StepBatch, config: CreditConfig) -> Credit:
     return information_gain_credit(group_zscore(batch.reward, batch.group, epsilon=config.epsilon), advantages)
 
 
-@register_estimator("a2tgpo", reads=ANSWER_READS, options=(
+@register_estimator("a2tgpo", reads=ANSWER_READS, side_pass=ANSWER_PASS, options=(
     IG_GAMMA, Option("ig_alpha", "α: A_k = α·D_k + Â_out", low=0, high=MAX_CREDIT_SETTING),
     Option("ig_beta", "β: turn clip factor c_k = 1 + β(2σ(ĨG_k) − 1)", low=0, high=1), IG_LOG))  # fmt: skip
 def a2tgpo(batch: StepBatch, config: CreditConfig) -> Credit:

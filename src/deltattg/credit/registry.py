@@ -4,13 +4,16 @@ The trainer, the CLI (``credit``, ``score``, ``inspect``, ``train``, ``methods``
 of keeping their own lists: which inputs to gather (outcome only, meter readings and which field, per-step rewards
 and anchor observations, verified step outcomes, ...), whether the failure cost C must be set, and which trajectories
 the frozen meter reads (Algorithm 1's query rule, :meth:`Estimator.queried`). Two hooks turn what only the actor's own
-forward passes give into per-token weights of the advantage, called by the trainer: ``token_weights`` (the token
-hidden states: DelTA) and ``teacher_weights`` (a privileged self-teacher's log-probs and entropies: CrEST).
+forward passes give into per-token weights of the advantage: ``token_weights`` (the token hidden states: DelTA) and
+``teacher_weights`` (a privileged self-teacher's log-probs and entropies: CrEST). The forward passes themselves are
+the trainer's: the record's ``side_pass`` names, as text, the trainer's side pass that runs them each step
+(``deltattg.train.side_passes``), so that this package never imports the trainer.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +72,13 @@ RECORD_INPUTS = frozenset({Reads.METER, Reads.STEP_REWARDS, Reads.ANCHORS, Reads
 ``answer_logprobs``; ``steps[].verified``; the messages). Token hidden states and teacher log-probs come only from
 the actor's forward passes."""
 
+TRAINER_INPUTS = frozenset({Reads.ANSWER_PROBS, Reads.HIDDEN_STATES, Reads.TEACHER_LOGPROBS})
+"""The inputs ``deltattg train`` computes at each step with the actor itself, in the estimator's side pass (a record
+may carry answer log-probs too, but during training they are the current actor's)."""
+
+SIDE_PASS = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""``module:function``: how a record names its side pass's factory."""
+
 
 @dataclass(frozen=True)
 class Option:
@@ -114,7 +124,13 @@ class Estimator:
     token hidden states (DelTA), turns them into per-token weights ω of its advantage (:data:`TokenWeights`); its
     ``compute`` gives the advantage ω scales. ``teacher_weights``, for an estimator that reads teacher log-probs
     (CrEST), does the same from a privileged self-teacher's pass over the sampled tokens (:data:`TeacherWeights`).
-    Both are called by the trainer, the one place with the actor at hand.
+
+    ``side_pass``, for an estimator that reads what only the actor gives during training (:data:`TRAINER_INPUTS`),
+    names the factory of the trainer's side pass that computes it and applies the hooks above, as
+    ``"module:function"`` (the function takes the run's ``deltattg.train.side_passes.Setup``). It is a name rather
+    than the function so that data flows one way: the credit package stays importable without the trainer (torch
+    models, environments), and the record, complete when its module registers it, says where its pass lives; the
+    trainer imports it once, when it builds the run.
     """
 
     name: str
@@ -126,6 +142,7 @@ class Estimator:
     options: tuple[Option, ...] = field(default=())
     token_weights: TokenWeights | None = None
     teacher_weights: TeacherWeights | None = None
+    side_pass: str | None = None
 
     def __post_init__(self) -> None:
         if (Reads.HIDDEN_STATES in self.reads) != (self.token_weights is not None):
@@ -134,6 +151,13 @@ class Estimator:
         if (Reads.TEACHER_LOGPROBS in self.reads) != (self.teacher_weights is not None):
             raise ValueError(f"estimator {self.name!r}: reading teacher log-probs and turning them into token weights "
                              "(teacher_weights) go together")
+        computed = self.reads & TRAINER_INPUTS
+        if computed and self.side_pass is None:
+            what = ", ".join(r.value for r in sorted(computed))
+            raise ValueError(f"estimator {self.name!r} reads {what}, which the trainer computes in a side pass: name "
+                             "its factory (side_pass='module:function')")  # fmt: skip
+        if self.side_pass is not None and not SIDE_PASS.fullmatch(self.side_pass):
+            raise ValueError(f"estimator {self.name!r}: side_pass must be 'module:function', got {self.side_pass!r}")
 
     def __call__(self, batch: StepBatch, config: CreditConfig) -> Credit:
         return self.compute(batch, config)

@@ -24,6 +24,7 @@ answer as its own reply after the prompt it would read at h_t, and the mean toke
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -33,6 +34,7 @@ from deltattg.envs.base import Environment, HasReferenceAnswer, Task, reference_
 from deltattg.rollout.policies import LMPolicy
 from deltattg.rollout.prompts import chat_prompt, window_prompt
 from deltattg.train.rows import Row, chunks, collate, response_logprobs
+from deltattg.train.side_passes import Setup, SidePass
 
 
 def check_reference_answers(env: Environment, method: str, reads: str) -> None:
@@ -54,6 +56,9 @@ def reference_text(env: Environment, tasks: Mapping[str, Task], task_id: str, me
     return text
 
 
+Pass = TypeVar("Pass", bound="ReferencePass")
+
+
 class ReferencePass:
     """A no-grad pass of ``policy``'s actor that reads each task's reference answer (IGPO / A²TGPO's answer
     log-probs, CrEST's self-teacher). ``tasks``: the tasks the trajectories were rolled out on (a trajectory's
@@ -70,6 +75,15 @@ class ReferencePass:
         self.temperature, self.micro_batch_size, self.share = temperature, micro_batch_size, share
         self._tokens: dict[str, list[int]] = {}
 
+    @classmethod
+    def from_setup(cls: type[Pass], setup: Setup) -> Pass:
+        """The pass of a training run (a side pass's :class:`~deltattg.train.side_passes.Setup`): the actor reads each
+        training task's reference answer at the rollout temperature, in micro-batches of ``optim.micro_batch_size``,
+        each distinct prompt once per micro-batch as ``run.share_prompts`` says."""
+        config = setup.config
+        return cls(setup.policy, setup.env, setup.tasks, config.algo.method, temperature=config.rollout.temperature,
+                   micro_batch_size=config.optim.micro_batch_size, share=config.run.share_prompts)  # fmt: skip
+
     def task_tokens(self, task_id: str) -> list[int]:
         """:meth:`render` of task ``task_id``'s reference answer, computed once per task."""
         found = self._tokens.get(task_id)
@@ -81,11 +95,13 @@ class ReferencePass:
         raise NotImplementedError
 
 
-class AnswerLogprobs(ReferencePass):
-    """Sets ``answer_logprobs`` (T + 1 numbers) on every trajectory of a batch (``__call__``) with ``policy``'s actor
-    (:class:`ReferencePass`)."""
+class AnswerLogprobs(ReferencePass, SidePass):
+    """Sets ``answer_logprobs`` (T + 1 numbers) on every trajectory of a batch with ``policy``'s actor
+    (:class:`ReferencePass`), before the credit reads them: IGPO / A²TGPO's side pass
+    (:meth:`before_credit`; ``deltattg.train.side_passes``)."""
 
     READS = "the probability of each task's reference answer after every turn"
+    phase = "answer"
 
     def render(self, reference: str) -> list[int]:
         """The reference answer as the actor's reply: its tokens, then the end-of-turn token."""
@@ -120,7 +136,7 @@ class AnswerLogprobs(ReferencePass):
                              observation, None, layout)  # fmt: skip
 
     @torch.no_grad()
-    def __call__(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    def before_credit(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """Read and set every trajectory's ``answer_logprobs``; return ``answer/*`` metrics (distinct (prompt,
         answer) rows read, mean answer tokens, mean log-prob before the first and after the last action)."""
         index: dict[tuple[tuple[int, ...], str], int] = {}
@@ -157,3 +173,7 @@ class AnswerLogprobs(ReferencePass):
             "answer/logprob_last": sum(last) / max(len(last), 1),
         }
 
+
+def answer_logprobs_pass(setup: Setup) -> AnswerLogprobs:
+    """IGPO / A²TGPO's side pass (their records' ``side_pass``)."""
+    return AnswerLogprobs.from_setup(setup)

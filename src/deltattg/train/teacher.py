@@ -5,7 +5,7 @@ For every step row (the exact prompt the actor read, then the response it sample
 sampled the batch (θ_old) and no gradient, reads ``privileged block + prompt`` and gives, at each sampled response
 token, its log-probability log π_T and the entropy H_T of its whole next-token distribution. The estimator record's
 ``teacher_weights`` turns them, with the student's own log-probs, into per-token weights w; the policy loss gets
-Ã·w (:meth:`SelfTeacher.token_advantages`). Choices, all ours:
+Ã·w (:class:`TeacherWeights`, CrEST's side pass). Choices, all ours:
 
 * **the privileged block** is the actor's chat template rendering one system message,
   ``deltattg.credit.crest.PRIVILEGED_NOTE`` with the environment's ``reference_answer(task)`` (household: the
@@ -41,6 +41,7 @@ from deltattg.credit.crest import PRIVILEGED_NOTE
 from deltattg.data.trajectory import Trajectory
 from deltattg.train.answers import ReferencePass
 from deltattg.train.rows import Row, chunks, collate, logprobs_of, response_logits
+from deltattg.train.side_passes import Setup, SidePass, UpdateBatch, token_advantage_row
 
 
 class SelfTeacher(ReferencePass):
@@ -90,21 +91,29 @@ class SelfTeacher(ReferencePass):
                 logprobs[k], entropies[k] = logp[j, :length].float().cpu(), entropy[j, :length].float().cpu()
         return logprobs, entropies, vocab_size
 
-    def token_advantages(
-        self,
-        estimator: Estimator,
-        config: CreditConfig,
-        trajectories: Sequence[Trajectory],
-        rows: Sequence[Row],
-        advantages: Tensor,
-        student_logprobs: Sequence[Tensor],
-        per_token: Sequence[Tensor] | None = None,
-    ) -> tuple[list[Tensor], dict[str, float]]:
-        """:meth:`read`, then :func:`teacher_weighted_advantages` on the actor's device."""
-        logprobs, entropies, vocab_size = self.read(trajectories, rows)
-        device = next(self.policy.model.parameters()).device
-        return teacher_weighted_advantages(estimator, config, advantages, student_logprobs, logprobs, entropies,
-                                           vocab_size, per_token=per_token, device=device)  # fmt: skip
+
+class TeacherWeights(SidePass):
+    """CrEST's side pass: before the update, the self-teacher reads the step rows (:meth:`SelfTeacher.read`) and the
+    estimator's ``teacher_weights`` scale their advantages against θ_old's log-probs (the update's):
+    :func:`teacher_weighted_advantages` on the actor's device."""
+
+    phase = "teacher"
+
+    def __init__(self, teacher: SelfTeacher, estimator: Estimator, credit: CreditConfig):
+        self.teacher, self.estimator, self.credit = teacher, estimator, credit
+
+    def token_advantages(self, batch: UpdateBatch) -> dict[str, float]:
+        logprobs, entropies, vocab_size = self.teacher.read(batch.trajectories, batch.rows)
+        device = next(self.teacher.policy.model.parameters()).device
+        batch.per_token, metrics = teacher_weighted_advantages(
+            self.estimator, self.credit, batch.advantages, batch.old_logprobs, logprobs, entropies, vocab_size,
+            per_token=batch.per_token, device=device)  # fmt: skip
+        return metrics
+
+
+def self_teacher_pass(setup: Setup) -> TeacherWeights:
+    """CrEST's side pass (its record's ``side_pass``): the actor as the self-teacher of each training task."""
+    return TeacherWeights(SelfTeacher.from_setup(setup), setup.estimator, setup.config.credit)
 
 
 def teacher_weighted_advantages(
@@ -135,10 +144,7 @@ def teacher_weighted_advantages(
     if not lengths:
         return [], {}
     student = torch.cat([lp.float() for lp in student_logprobs]).to(device)[None]  # every token as one row: [1, M]
-    if per_token is not None:
-        advantage = torch.cat([a.float() for a in per_token]).to(student)[None]
-    else:
-        advantage = torch.repeat_interleave(advantages.detach().cpu().float(), torch.tensor(lengths))[None].to(student)
+    advantage = token_advantage_row(advantages, lengths, per_token, student)
     teacher = TeacherTokens(torch.cat(list(teacher_logprobs)).to(student)[None],
                             torch.cat(list(teacher_entropies)).to(student)[None], vocab_size)  # fmt: skip
     weight = estimator.teacher_weights(teacher, student, advantage, torch.ones_like(student, dtype=torch.bool),

@@ -7,6 +7,10 @@ Each step is Algorithm 1 (Appendix D.6), with verl-agent's data layout (one row 
     ->  credit by the chosen estimator: Ã_{i,t} = A_i · w_{i,t} (lines 11–32, Eq. 7–11)
     ->  θ_old log-probs recomputed, π_ref log-probs, one PPO epoch over mini-batches (line 34, Eq. 15–18 + KL + entropy)
 
+What a method adds beside these is a side pass, called at three points of the step and timed under its own phase
+(``deltattg.train.side_passes``): the estimator's, which its registry record names (IGPO / A²TGPO's answer log-probs,
+DelTA's hidden states, CrEST's self-teacher), and the on-policy meter refresh that ``meter.refresh_every`` asks for.
+
 ``train(config)`` runs it; ``train(config, resume=...)`` continues a killed run exactly where its checkpoint left it.
 """
 
@@ -23,14 +27,16 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from deltattg.credit import Credit, CreditConfig, Estimator, StepBatch, get_estimator
+from deltattg.credit import Credit, Estimator, StepBatch, get_estimator
 from deltattg.credit.batch import credit_shares
+from deltattg.credit.crest import verified_metrics
 from deltattg.credit.grpo import outcome_advantage
 from deltattg.credit.layouts import meter_readings
 from deltattg.credit.records import trajectory_batch
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment, Task
 from deltattg.loss import LossConfig, policy_loss
+from deltattg.meter.loading import check_meter_turn_limit, load_meter, read_states
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
 from deltattg.rollout.prompts import PromptConfig
@@ -54,17 +60,10 @@ from deltattg.train.checkpoint import (
     start_run,
 )
 from deltattg.train.config import OptimConfig, RolloutConfig, TrainConfig
-from deltattg.meter.loading import check_meter_turn_limit, load_meter, read_states
-from deltattg.meter.regression import RegressionMeter
-from deltattg.meter.train_regression import OnPolicyRefresh
 from deltattg.train.rollouts import RolloutBatch, TaskSampler, collect, env_factory
 from deltattg.train.rows import Row, chunks, collate, pad_responses, response_logprobs, rows_logprobs, step_rows
 from deltattg.train.rows import rows_logprobs_and_hidden
-from deltattg.credit.registry import Reads
-from deltattg.train.answers import AnswerLogprobs
-from deltattg.train.teacher import SelfTeacher
-from deltattg.credit.crest import verified_metrics
-
+from deltattg.train.side_passes import Setup, UpdateBatch, side_passes
 
 # ---- the PPO update (Appendix D.5) -----------------------------------------------------------------------------------
 def ppo_update(
@@ -168,6 +167,30 @@ def clip_scale_metrics(clip_scales: Tensor | None) -> dict[str, float]:
             "clip/scale_mean": clip_scales.float().mean().item(), "clip/scaled_rows": int((clip_scales != 1).sum())}
 
 
+def read_meter(meter: Any, estimator: Estimator, trajectories: Sequence[Trajectory], advantage: Tensor,
+               steps: StepBatch, method: str) -> dict[str, float]:  # fmt: skip
+    """Algorithm 1, lines 9–10: the frozen meter reads the decision states of the A_i ≠ 0 trajectories in one call;
+    sets ``steps.meter`` and returns ``meter/*`` (what was read). Refuses readings that lack the estimator's field."""
+    readings, scoring = read_states(meter, trajectories, estimator.queried(advantage).tolist())
+    if estimator.reading_problem(readings) is not None:
+        raise ValueError(f"algo.method {method} reads {estimator.meter_field!r}, which this meter's readings lack")
+    steps.meter = meter_readings(readings, steps.step_mask.shape[1])
+    return {f"meter/{k}": v for k, v in vars(scoring).items()}
+
+
+def credit_metrics(credit: Credit, steps: StepBatch, rows: Sequence[Row], advantages: Tensor,
+                   clip_scales: Tensor | None) -> dict[str, float]:  # fmt: skip
+    """The step's record of its credit: clip factors, verified outcomes, fallbacks, the estimator's own metrics, how
+    concentrated it is, the rows and tokens the update reads, and the advantages' size."""
+    return clip_scale_metrics(clip_scales) | verified_metrics(steps) | credit.fallback_counts() | credit.metrics | \
+        concentration_metrics(credit, steps) | {
+            "train/rows": len(rows),
+            "train/response_tokens": sum(len(r.response) for r in rows),
+            "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
+            "advantage/abs_mean": advantages.abs().mean().item(),
+        }  # fmt: skip
+
+
 # ---- evaluation and accounting -------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def isolated_rng(seed: int, device: torch.device) -> Iterator[None]:
@@ -244,6 +267,8 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
+        if phase not in PHASES:  # a side pass's phase outside PHASES would vanish from the time/* split
+            raise ValueError(f"unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
         start = time.perf_counter()
         yield
         if self.device.type == "cuda":
@@ -307,7 +332,7 @@ def train_in_locked_folder(
     config_text = config_io.dump(config)
     rollout, algo, loss_config = config.rollout, config.algo, config.loss
 
-    # ---- setup: environment, actor, π_ref, frozen meter, optimizer, task sampler ----
+    # ---- setup: environment, actor, π_ref, frozen meter, side passes, optimizer, task sampler ----
     make_env = make_env or env_factory(config.env, rollout.max_turns)
     env = make_env()
     prompt = PromptConfig(layout=rollout.prompt_layout, history_window=rollout.history_window)  # type: ignore[arg-type]
@@ -329,22 +354,9 @@ def train_in_locked_folder(
         meter = load_meter(config.meter.path, device=device, readout=estimator.readout,  # type: ignore[arg-type]
                            tokenizer=tokenizer, oracle=config.meter.oracle())  # fmt: skip
         check_meter_turn_limit(meter, rollout.max_turns, f"meter.path {config.meter.path}", "rollout.max_turns")
-    refresh = None  # on-policy refresh (ours): the meter's head keeps learning from the batch's own outcomes
-    if meter is not None and config.meter.refresh_every:
-        if not isinstance(meter, RegressionMeter):
-            raise ValueError(f"meter.refresh_every trains an in-process regression meter; meter.path "
-                             f"{config.meter.path} is a {type(meter).__name__}")  # fmt: skip
-        refresh = OnPolicyRefresh(meter, lr=config.meter.refresh_lr, epochs=config.meter.refresh_epochs)
-    answers = None  # IGPO / A²TGPO: each trajectory's reference-answer log-prob after every turn, read by the actor
-    if Reads.ANSWER_PROBS in estimator.reads:
-        answers = AnswerLogprobs(policy, env, env.tasks(config.env.train_split), algo.method,
-                                 temperature=rollout.temperature, micro_batch_size=config.optim.micro_batch_size,
-                                 share=share)  # fmt: skip
-    teacher = None  # CrEST: the actor with the reference answer in context, read over the step rows before the update
-    if estimator.teacher_weights is not None:
-        teacher = SelfTeacher(policy, env, env.tasks(config.env.train_split), algo.method,
-                              temperature=rollout.temperature, micro_batch_size=config.optim.micro_batch_size,
-                              share=share)  # fmt: skip
+    # The estimator's side pass (IGPO / A²TGPO's answer log-probs, DelTA's hidden states, CrEST's self-teacher) and
+    # the on-policy meter refresh (meter.refresh_every): deltattg.train.side_passes.
+    side = side_passes(Setup(config, estimator, policy, env, env.tasks(config.env.train_split), meter))
     optimizer = torch.optim.AdamW(
         [p for p in actor.parameters() if p.requires_grad], lr=config.optim.lr, weight_decay=config.optim.weight_decay
     )
@@ -366,9 +378,7 @@ def train_in_locked_folder(
         optimizer.load_state_dict(checkpoint.optimizer)
         sampler.load_state_dict(saved["sampler"])
         start, generated_tokens, records = saved["step"], saved["generated_tokens"], saved["metrics"]
-        if refresh is not None:  # the meter as the run had refreshed it
-            refresh.meter.head.load_state_dict(saved["meter_head"])
-            refresh.meter.weights_changed()
+        side.load_state_dict(saved)  # e.g. the meter as the run had refreshed it
         discard_checkpoints_after(out, start)
         set_rng_state(saved["rng"])  # last: loading models may draw random numbers
     log = MetricsLog(out, records, config.run.tensorboard)
@@ -392,75 +402,39 @@ def train_in_locked_folder(
         trajectories = batch.trajectories
         generated_tokens += batch.generated_tokens
         record |= rollout_metrics(batch, algo.dynamic_sampling) | {"cumulative_response_tokens": generated_tokens}
+        record |= side.before_credit(trajectories, timer)  # IGPO / A²TGPO: the answer's log-probs after every turn
 
-        # IGPO / A²TGPO: the actor reads its reference answer after every prefix h_0..h_T (no gradient).
-        if answers is not None:
-            with timer("answer"):
-                record |= answers(trajectories)  # sets each trajectory's answer_logprobs, which the batch picks up
-
-        with timer("credit"):
+        with timer("credit"):  # line 6: A_i (Eq. 14)
             steps = trajectory_batch(trajectories, [t.step_tokens for t in trajectories], estimator, batch.group,
-                                     with_meter=False)
-            advantage = outcome_advantage(steps, config.credit)  # line 6: A_i (Eq. 14)
-
-        # Lines 9–10: the frozen meter reads the decision states of the A_i ≠ 0 trajectories, in one call.
-        if meter is not None:
+                                     with_meter=False)  # fmt: skip
+            advantage = outcome_advantage(steps, config.credit)
+        if meter is not None:  # lines 9–10: the frozen meter on the decision states of the A_i ≠ 0 trajectories
             with timer("meter"):
-                readings, scoring = read_states(meter, trajectories, estimator.queried(advantage).tolist())
-            if estimator.reading_problem(readings) is not None:
-                raise ValueError(f"algo.method {algo.method} reads {estimator.meter_field!r}, which this meter's "
-                                 "readings lack")  # fmt: skip
-            steps.meter = meter_readings(readings, steps.step_mask.shape[1])
-            record |= {f"meter/{k}": v for k, v in vars(scoring).items()}
-
-        # Lines 11–32: Ã_{i,t} = A_i · w_{i,t} (Eq. 7–11; GRPO/DAPO: w = 1), one row per step.
-        with timer("credit"):
+                record |= read_meter(meter, estimator, trajectories, advantage, steps, algo.method)
+        with timer("credit"):  # lines 11–32: Ã_{i,t} = A_i · w_{i,t} (Eq. 7–11; GRPO/DAPO: w = 1), one row per step
             credit = estimator(steps, config.credit)
             rows = step_rows(trajectories)
             advantages = row_advantages(credit, rows)
             clip_scales = row_clip_scales(credit, rows)  # A²TGPO's per-step clip factors; None for the others
-        if refresh is not None and step % config.meter.refresh_every == 0:  # after this step's credit was read
-            with timer("meter"):
-                record |= refresh.update(trajectories, seed=seed + step)
-        record |= clip_scale_metrics(clip_scales) | verified_metrics(steps)
-        record |= credit.fallback_counts() | credit.metrics | concentration_metrics(credit, steps) | {
-            "train/rows": len(rows),
-            "train/response_tokens": sum(len(r.response) for r in rows),
-            "advantage/nonzero_trajectories": int((credit.advantage != 0).sum()),
-            "advantage/abs_mean": advantages.abs().mean().item(),
-        }
+        record |= side.after_credit(step, trajectories, timer)  # the meter refresh, once this step's credit was read
+        record |= credit_metrics(credit, steps, rows, advantages, clip_scales)
 
-        # Line 34: θ_old log-probs (the sampler's, or recomputed as verl does) and π_ref's, then one PPO epoch
-        # (Eq. 15–18, KL, entropy).
+        # Line 34: θ_old's log-probs (the sampler's, or recomputed as verl does), the side passes' per-token advantages
+        # (DelTA's A·ω, CrEST's Ã·w), π_ref's log-probs, then one PPO epoch (Eq. 15–18, KL, entropy).
         with timer("update"):
             actor.eval()
-            recomputed: list[Tensor] | None = None  # θ_old's log-probs, when DelTA's pass computed them
-            per_token: list[Tensor] | None = None  # DelTA's A·ω of each row's tokens
-            if estimator.token_weights is not None:  # DelTA: ω from θ_old's pass (token_weighted_advantages)
-                recomputed, hidden = rows_logprobs_and_hidden(actor, rows, pad_id, rollout.temperature,
-                                                              config.optim.micro_batch_size, share=share)  # fmt: skip
-                per_token, omega = token_weighted_advantages(estimator, config.credit, advantages, recomputed, hidden,
-                                                             device)  # fmt: skip
-                record |= omega
-                del hidden
+            update = update_batch(actor, trajectories, rows, advantages, pad_id, rollout.temperature, config.optim,
+                                  share, hidden=side.reads_hidden_states)  # fmt: skip
             if config.optim.recompute_old_logprobs:
-                old = recomputed if recomputed is not None else rows_logprobs(
-                    actor, rows, pad_id, rollout.temperature, config.optim.micro_batch_size, share=share)
-                record["rollout_logprob_gap"] = logprob_gap(old, trajectories, rows)
-            else:
-                old = sampled_logprobs(trajectories, rows)
+                record["rollout_logprob_gap"] = logprob_gap(update.old_logprobs, trajectories, rows)
+        record |= side.token_advantages(update, timer)
+        with timer("update"):
             ref = None
             if reference is not None:
                 ref = reference.logprobs(rows, pad_id, rollout.temperature, config.optim.micro_batch_size, share)
-        if teacher is not None:  # CrEST: Ã·w, w from the self-teacher's pass against θ_old's log-probs
-            with timer("teacher"):
-                per_token, weights = teacher.token_advantages(estimator, config.credit, trajectories, rows, advantages,
-                                                              old, per_token)  # fmt: skip
-            record |= weights
-        with timer("update"):
-            record |= ppo_update(actor, optimizer, rows, advantages, old, ref, loss_config, config.optim,
-                                 rollout.temperature, pad_id, share, per_token_advantages=per_token,
-                                 clip_scales=clip_scales)  # fmt: skip
+            record |= ppo_update(actor, optimizer, rows, advantages, update.old_logprobs, ref, loss_config,
+                                 config.optim, rollout.temperature, pad_id, share,
+                                 per_token_advantages=update.per_token, clip_scales=clip_scales)  # fmt: skip
 
         record |= timer.metrics()
         if config.eval.every and step % config.eval.every == 0:
@@ -480,12 +454,35 @@ def train_in_locked_folder(
                 "run_id": run["run_id"],
                 "config_sha256": config_hash(config_text),
             }
-            if refresh is not None:
-                state["meter_head"] = refresh.meter.head.state_dict()
-            save_checkpoint(out, step, actor, tokenizer, optimizer, state)
+            save_checkpoint(out, step, actor, tokenizer, optimizer, state | side.state_dict())
             prune_checkpoints(out, config.run.keep_checkpoints)
     log.close()
     return log.records
+
+
+def update_batch(
+    actor: Any,
+    trajectories: Sequence[Trajectory],
+    rows: Sequence[Row],
+    advantages: Tensor,
+    pad_id: int,
+    temperature: float,
+    optim: OptimConfig,
+    share: bool,
+    *,
+    hidden: bool,
+) -> UpdateBatch:
+    """The rows with θ_old's log-probs: the sampler's, or recomputed by a no-grad pass as verl does
+    (``optim.recompute_old_logprobs``). That pass also runs, keeping each row's last hidden states, when a side pass
+    reads them (``hidden``: DelTA), whether or not its log-probs become θ_old's."""
+    recomputed, states = None, None
+    if hidden:
+        recomputed, states = rows_logprobs_and_hidden(actor, rows, pad_id, temperature, optim.micro_batch_size,
+                                                      share=share)  # fmt: skip
+    elif optim.recompute_old_logprobs:
+        recomputed = rows_logprobs(actor, rows, pad_id, temperature, optim.micro_batch_size, share=share)
+    old = sampled_logprobs(trajectories, rows) if recomputed is None or not optim.recompute_old_logprobs else recomputed
+    return UpdateBatch(trajectories, rows, advantages, old, recomputed, states)
 
 
 def sampled_logprobs(trajectories: Sequence[Trajectory], rows: Sequence[Row]) -> list[Tensor]:
@@ -502,36 +499,3 @@ def logprob_gap(old: Sequence[Tensor], trajectories: Sequence[Trajectory], rows:
     ]
     return torch.cat(gaps).mean().item() if gaps else 0.0
 
-
-# ---- DelTA's token weights (an estimator that reads the token hidden states) ----------------------------------------
-def token_weighted_advantages(
-    estimator: Estimator,
-    config: CreditConfig,
-    advantages: Tensor,
-    logprobs: Sequence[Tensor],
-    hidden: Sequence[Tensor],
-    device: torch.device | str = "cpu",
-) -> tuple[list[Tensor], dict[str, float]]:
-    """Each row's per-token advantages Ã_k = A·ω_k, ω from the estimator's ``token_weights`` over every response token
-    of the batch at once (DelTA's statistics are batch-wide, as in verl-DelTA's actor), and ``<name>/omega_mean``,
-    ``_min``, ``_max``, ``_std`` (population) over those tokens. ``advantages``: one per row (A_i of its step);
-    ``logprobs`` and ``hidden``: each row's response log-probs and last hidden states from one θ_old pass
-    (:func:`~deltattg.train.rows.rows_logprobs_and_hidden`); p = exp(log-prob) at the rollout temperature, as verl
-    computes it. ω is computed on ``device`` (the actor's), the per-token advantages come back on the CPU.
-
-    Cost: that pass is one no-grad forward over the batch — the pass ``optim.recompute_old_logprobs`` runs anyway; with
-    recompute off DelTA still runs it (verl-DelTA's old-log-prob pass always runs), and θ_old stays the sampler's. The
-    hidden states, ``tokens × d`` values in the actor's dtype, are held on the CPU until ω is computed."""
-    if estimator.token_weights is None:
-        raise ValueError(f"estimator {estimator.name!r} has no token weights")
-    lengths = [len(lp) for lp in logprobs]
-    prob = torch.cat(list(logprobs)).to(device).float().exp()[None]  # every token of the batch as one row: [1, M]
-    advantage = torch.repeat_interleave(advantages.detach().cpu(), torch.tensor(lengths))[None].to(prob)
-    omega = estimator.token_weights(torch.cat(list(hidden)).to(device)[None], prob, advantage,
-                                    torch.ones_like(prob, dtype=torch.bool), config)[0]  # fmt: skip
-    per_token = (advantage[0] * omega).to("cpu", advantages.dtype)
-    name = estimator.name
-    metrics = {} if omega.numel() == 0 else {
-        f"{name}/omega_mean": omega.mean().item(), f"{name}/omega_min": omega.min().item(),
-        f"{name}/omega_max": omega.max().item(), f"{name}/omega_std": omega.std(correction=0).item()}  # fmt: skip
-    return list(per_token.split(lengths)), metrics
