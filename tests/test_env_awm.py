@@ -209,7 +209,8 @@ def test_the_database_is_built_from_the_released_sql_and_bad_inserts_are_counted
     sample = {"tables": [{"insert_statements": [*scenario.sample_data["tables"][0]["insert_statements"],
                                                 "INSERT INTO notes (id) VALUES ('broken"]}]}  # fmt: skip
     report = build_database(tmp_path / "n.db", scenario.db_schema, sample)
-    assert (report.tables, report.failed_tables, report.inserts, report.failed_inserts) == (1, 0, 6, 1)
+    assert (report.tables, report.failed_tables, report.inserts, len(report.failed_inserts)) == (1, (), 6, 1)
+    assert report.failed_inserts[0].startswith("sample_data.tables[0].insert_statements[5]: unrecognized token")
 
 
 def test_the_code_is_bound_to_the_episode_database(tmp_path):
@@ -629,3 +630,29 @@ def test_the_next_start_removes_what_a_killed_collect_left_and_never_a_live_ones
                            str(tmp_path / "next.jsonl"), "--no-progress"], env={**os.environ, "TMPDIR": str(tmp_path)},
                           stdout=subprocess.DEVNULL).returncode == 0  # fmt: skip
     assert not any(p.exists() for p in left) and live.is_dir()
+
+
+def test_a_scenario_whose_database_does_not_build_is_named_on_stderr(release, tmp_path):
+    """A broken DDL statement (and the inserts into its table) failed silently: the tasks ran on a database without
+    the table, and only their verifiers' errors hinted at why."""
+    folder = copy_release(release, tmp_path / "awm")
+
+    def broken(row):
+        if normalize_scenario_name(row["scenario"]) != "notes":
+            return row
+        tables = [{**t, "ddl": t["ddl"].replace("CREATE TABLE", "CREATE TABLE (")} for t in row["db_schema"]["tables"]]
+        return {**row, "db_schema": {**row["db_schema"], "tables": tables}}
+
+    rewrite(folder, "gen_db.jsonl", broken)
+    result = subprocess.run([sys.executable, "-m", "deltattg", "collect", "--env", "awm", "--data", str(folder),
+                             "--split", "all", "--policy", "expert", "--episodes", "6", "--out",
+                             str(tmp_path / "p.jsonl"), "--no-progress"], capture_output=True, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    warnings = [line for line in result.stderr.splitlines() if "did not build" in line]
+    assert len(warnings) == 1, result.stderr  # once, for notes only
+    assert f"{folder / 'gen_db.jsonl'}: scenario notes:" in warnings[0]
+    assert "db_schema.tables[0] (notes): near \"(\": syntax error" in warnings[0]
+    assert f"{folder / 'gen_sample.jsonl'}: scenario notes: 5 of 5 sample inserts failed" in result.stderr
+    assert "sample_data.tables[0].insert_statements[0]: no such table: notes" in result.stderr
+    report = build_database(tmp_path / "n.db", read_release(folder).scenarios["notes"].db_schema, {"tables": []})
+    assert (report.tables, len(report.failed_tables), report.inserts, report.failed_inserts) == (1, 1, 0, ())

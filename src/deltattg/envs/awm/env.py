@@ -48,8 +48,8 @@ from typing import Any
 
 from deltattg.envs.awm.mcp_client import MCPClient, MCPError
 from deltattg.envs.awm.release import FILES, OPTIONAL, Release, Scenario, read_release
-from deltattg.envs.awm.sandbox import (VERIFY_TIMEOUT_S, Server, ServerError, build_database, owned_temp_folder,
-                                       remove_orphans, verify)
+from deltattg.envs.awm.sandbox import (VERIFY_TIMEOUT_S, BuildReport, Server, ServerError, build_database,
+                                       owned_temp_folder, remove_orphans, verify)
 from deltattg.envs.base import StepResult, Task
 from deltattg.envs.mistakes import MISTAKES, other_tool, perturbed_arguments
 from deltattg.envs.tool_calls import Malformed, embedded_tool_calls
@@ -105,9 +105,26 @@ def _template(release: Release, scenario: Scenario) -> Path:
                 _cache_dir.append(owned_temp_folder("databases"))
                 atexit.register(shutil.rmtree, _cache_dir[0], True)
             path = _cache_dir[0] / f"{len(_templates)}-{scenario.name}.db"
-            build_database(path, scenario.db_schema, scenario.sample_data)
+            for warning in build_warnings(build_database(path, scenario.db_schema, scenario.sample_data),
+                                          scenario.name, release.folder):  # fmt: skip
+                logger.warning("%s", warning)
             _templates[key] = path
         return _templates[key]
+
+
+def build_warnings(report: BuildReport, scenario: str, folder: str, shown: int = 3) -> list[str]:
+    """What building ``scenario``'s database skipped, one line per released file naming it, the scenario and the
+    first ``shown`` failed statements by field: its tasks run on what did build (as in AWM), where a missing table
+    would otherwise show only as failed verifiers."""
+    lines = []
+    for failed, total, what, name in ((report.failed_tables, report.tables, "tables did not build", FILES["db"]),
+                                      (report.failed_inserts, report.inserts, "sample inserts failed",
+                                       FILES["sample"])):  # fmt: skip
+        if failed:
+            more = f"; and {len(failed) - shown} more" if len(failed) > shown else ""
+            lines.append(f"warning: {Path(folder) / name}: scenario {scenario}: {len(failed)} of {total} {what} "
+                         f"({'; '.join(failed[:shown])}{more}); its tasks run without them")
+    return lines
 
 
 def tool_listing(tools: Sequence[dict[str, Any]]) -> str:

@@ -3,7 +3,7 @@ that database and served as MCP over streamable HTTP in a subprocess, and its co
 subprocess with a time limit. All of it is the dataset's code: AWM environments are trusted code (README).
 
 Following AWM (``awm/core/{db,sample,server,verify}.py``): tables' DDL, then their indexes, then every sample INSERT
-one at a time, failures counted and skipped; the working database is copied to ``initial.db`` before the episode;
+one at a time, failures skipped and reported (:class:`BuildReport`); the working database is copied to ``initial.db`` before the episode;
 each line of the code that calls ``create_engine(`` is rewritten to the episode's database, and the app gets
 ``FastApiMCP(app).mount_http()``. The code runs under :mod:`.run_server`, which imports it, mounts MCP on its ``app``
 and serves that on a free loopback port itself (the code's own ``uvicorn.run`` never runs, however it is written).
@@ -106,35 +106,51 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class BuildReport:
+    """What building a scenario's database ran and skipped: each failed table or insert as ``FIELD: why``."""
+
     tables: int
-    failed_tables: int
     inserts: int
-    failed_inserts: int
+    failed_tables: tuple[str, ...] = ()  # db_schema.tables[i] (NAME): SQLite's reason
+    failed_inserts: tuple[str, ...] = ()  # sample_data.tables[i].insert_statements[j]: SQLite's reason
 
 
 def build_database(path: str | os.PathLike, db_schema: dict[str, Any], sample_data: Any) -> BuildReport:
-    """Create the SQLite file ``path`` from a scenario's schema and sample data (AWM's order; failures skipped)."""
+    """Create the SQLite file ``path`` from a scenario's schema and sample data (AWM's order; failures skipped, and
+    reported by the released field that holds them)."""
     Path(path).unlink(missing_ok=True)
     tables = db_schema.get("tables") or []
-    failed_tables = inserts = failed_inserts = 0
+    failed_tables, failed_inserts = [], []
+    statements = insert_statements(sample_data)
     with sqlite3.connect(path) as db:
-        for table in tables:
+        for i, table in enumerate(tables):
             try:
                 for sql in [table["ddl"], *table.get("indexes", []), *table.get("examples", [])]:
                     db.execute(sql)
-            except (sqlite3.Error, KeyError, TypeError):
-                failed_tables += 1
+            except (sqlite3.Error, KeyError, TypeError) as error:
+                why = f"no {error}" if isinstance(error, KeyError) else str(error)
+                failed_tables.append(f"db_schema.tables[{i}] ({table.get('name', '?')}): {why}")
         db.execute("PRAGMA foreign_keys = ON")
-        groups = sample_data.get("tables", []) if isinstance(sample_data, dict) else sample_data
-        for group in groups:
-            statements = group.get("insert_statements", []) if isinstance(group, dict) else [group]
-            for sql in statements:
-                inserts += 1
-                try:
-                    db.execute(sql)
-                except (sqlite3.Error, TypeError, ValueError):
-                    failed_inserts += 1
-    return BuildReport(len(tables), failed_tables, inserts, failed_inserts)
+        for field, sql in statements:
+            try:
+                db.execute(sql)
+            except (sqlite3.Error, TypeError, ValueError) as error:
+                failed_inserts.append(f"{field}: {error}")
+    return BuildReport(len(tables), len(statements), tuple(failed_tables), tuple(failed_inserts))
+
+
+def insert_statements(sample_data: Any) -> list[tuple[str, Any]]:
+    """A scenario's sample INSERTs in order, each with the released field that holds it (``{"tables": [{
+    "insert_statements": [...]}]}`` as released, or the list of tables, or of bare statements)."""
+    groups, where = ((sample_data.get("tables", []), "sample_data.tables") if isinstance(sample_data, dict)
+                     else (sample_data, "sample_data"))  # fmt: skip
+    found: list[tuple[str, Any]] = []
+    for i, group in enumerate(groups):
+        if isinstance(group, dict):
+            found += [(f"{where}[{i}].insert_statements[{j}]", sql)
+                      for j, sql in enumerate(group.get("insert_statements", []))]  # fmt: skip
+        else:
+            found.append((f"{where}[{i}]", group))
+    return found
 
 
 def patched_code(code: str, db_path: str) -> str:
