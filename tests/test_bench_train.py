@@ -93,6 +93,7 @@ def test_report_refuses_runs_of_different_revisions_unless_told(tmp_path, bench_
     assert "other shared settings" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~25 s: bench_train.py --quick in a subprocess
 def test_a_generative_arm_trains_its_meter_on_the_pool_and_reads_it_in_rl(tmp_path):
     """``deltattg@generative`` in the quick regime with a tiny random LM as the generative model: the seed's meter is
     fine-tuned on a sample of its pool (turns left in its prompts, a temperature fitted on held-out pool states), and
@@ -119,6 +120,7 @@ def test_a_generative_arm_trains_its_meter_on_the_pool_and_reads_it_in_rl(tmp_pa
     assert "deltattg@generative" in (out / "bench_train.md").read_text()
 
 
+@pytest.mark.slow  # ~20 s: bench_train.py --quick in a subprocess
 def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_split(tmp_path):
     """``deltattg@best-of-k`` in the quick regime: the seed's pool is labelled by completions (here a noisy expert,
     a cheap completer; the benchmark's arms complete with the base actor), the labels kept beside the seed's other

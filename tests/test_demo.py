@@ -21,6 +21,8 @@ from deltattg.regime.stages import Arm
 from deltattg.demo.report import label
 from deltattg.report import percent
 
+pytestmark = pytest.mark.slow  # ~40 s: the whole quick demo, once for the module
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 THREADS_BEFORE = torch.get_num_threads()
 
