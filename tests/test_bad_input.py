@@ -346,6 +346,31 @@ def test_eval_steps_json_equal_to_the_data_is_refused(tmp_path, capsys):
     assert code == 2 and "is also an input" in err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["eval-meter", "{pool}", "--meter", "{meter}", "--json", "{meter}/meter_config.json"], "--json"),
+    (["eval-meter", "{pool}", "--meter", "oracle", "--reference", "{meter}", "--tokenizer", "{meter}/tok",
+      "--json", "{meter}/head.pt"], "--json"),
+    (["score", "{pool}", "--meter", "{meter}", "--out", "{meter}/head.pt"], "--out"),
+    (["score", "{pool}", "--meter", "{meter},{meter}", "--out", "{meter}/sub/x.jsonl"], "--out"),
+    (["eval-steps", "--data", "{pool}", "--meter", "{meter}", "--json", "{meter}/meter_config.json"], "--json"),
+    (["guide", "--env", "household", "--short", "--actor", "random", "--episodes", "1", "--meter", "{meter}", "--json",
+      "{meter}/head.pt"], "--json"),
+    (["labels", "{pool}", "--labels", "td", "--bootstrap-meter", "{meter}", "--out", "{meter}/head.pt"], "--out"),
+])  # fmt: skip
+def test_an_output_inside_a_meter_it_reads_is_refused(tmp_path, capsys, argv, flag):
+    """An output may not name or lie inside any input: the meter (a folder; one of an ensemble), the reference, the
+    bootstrap meter. Refused naming the option, before anything is read; the meter is left as it was."""
+    from test_meter_regression import tiny_meter
+
+    meter = tmp_path / "meter"
+    tiny_meter().save_pretrained(meter)
+    before = {p.name: p.read_bytes() for p in meter.iterdir() if p.is_file()}
+    pool = write(tmp_path / "pool.jsonl", [GOOD])
+    code, err = run([arg.format(pool=pool, meter=meter) for arg in argv], capsys)
+    assert code == 2 and f"{flag} {meter}/" in err and "lies inside an input" in err, err
+    assert {p.name: p.read_bytes() for p in meter.iterdir() if p.is_file()} == before
+
+
 def test_outputs_keep_the_mode_of_the_file_they_replace(tmp_path, capsys):
     src = write(tmp_path / "in.jsonl", [GOOD, OTHER])
     out = tmp_path / "out.jsonl"

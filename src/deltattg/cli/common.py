@@ -14,10 +14,12 @@ from deltattg.errors import InputError
 from deltattg.settings import setting_default, setting_help
 
 
-def check_out(out: str | None, *inputs: str | None, folder: bool = False) -> None:
-    """Refuse, before any work, an ``--out`` that is one of the command's inputs (compared as resolved paths, so
-    ``./x`` and ``x`` and links are the same file), a folder where a file is written, a file where a folder is, or a
-    place that cannot be written (a read-only file system, a missing permission)."""
+def check_out(out: str | None, *inputs: str | None, folder: bool = False, flag: str = "--out") -> None:
+    """Refuse, before any work, an output (the option ``flag``) that names one of the command's inputs or lies inside
+    one (a meter folder: ``--json METER/meter_config.json``), compared as resolved paths (so ``./x``, ``x`` and links
+    are the same file); an input may be a model or meter spec (``DIR::FILE.gguf``, several folders joined by commas,
+    an URL: only what exists here is compared). Also refused: a folder where a file is written, a file where a folder
+    is, or a place that cannot be written (a read-only file system, a missing permission)."""
     import os
     from pathlib import Path
 
@@ -25,14 +27,12 @@ def check_out(out: str | None, *inputs: str | None, folder: bool = False) -> Non
         return
     target = Path(out).expanduser()
     for source in inputs:
-        if source is None:
-            continue
-        path = Path(source).expanduser()
-        same = path.resolve() == target.resolve()
-        if not same and path.exists() and target.exists():
-            same = os.path.samefile(path, target)
-        if same:
-            raise UsageError(f"--out {out} is also an input ({source}): refusing to overwrite it")
+        for path in local_inputs(source):
+            same = path.resolve() == target.resolve() or (target.exists() and os.path.samefile(path, target))
+            inside = path.is_dir() and path.resolve() in target.resolve().parents
+            if same or inside:
+                where = "is also an input" if same else "lies inside an input"
+                raise UsageError(f"{flag} {out} {where} ({source}): refusing to overwrite it")
     from deltattg.data.jsonl import check_output_file, check_writable
 
     if folder:
@@ -41,6 +41,18 @@ def check_out(out: str | None, *inputs: str | None, folder: bool = False) -> Non
     else:
         check_output_file(target)
     check_writable(target, folder=folder)  # an unwritable place is refused here, not after the work
+
+
+def local_inputs(spec: str | None) -> list:
+    """The local files and folders an input option names: the path itself, the folder of ``DIR::FILE.gguf``, or the
+    folders of a comma-joined ensemble; what does not exist here (an URL, a Hub id, ``oracle``) is left out."""
+    from pathlib import Path
+
+    if spec is None:
+        return []
+    names = [spec] if Path(spec).expanduser().exists() else spec.split(",")
+    paths = [Path(name.partition("::")[0]).expanduser() for name in names if name]
+    return [path for path in paths if path.exists()]
 
 
 def add_setting(parser: argparse.ArgumentParser, flag: str, config: type, name: str, **kwargs: Any) -> None:

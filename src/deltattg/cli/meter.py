@@ -73,7 +73,7 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
         train_regression,
     )
 
-    check_out(args.out, args.data, args.split, folder=True)
+    check_out(args.out, args.data, args.split, args.bootstrap_meter, folder=True)
     _check_kind_options(args)
     labelling = label_settings(args)
     check_meter_output(args.out, model=args.model, tokenizer=args.tokenizer)
@@ -142,7 +142,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from deltattg.credit.records import queried
     from deltattg.meter.commands import score_records
 
-    check_out(args.out, args.input, args.cache)
+    check_out(args.out, args.input, args.cache, args.meter)
     items = read_records(args.input, args.skip_invalid)
     meter = meter_of(args)
     asked = queried(items) if args.skip_zero_advantage else [True] * len(items)
@@ -178,7 +178,7 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
     from deltattg.meter.commands import evaluate_steps, select_split
     from deltattg.meter.step_quality import format_table
 
-    check_out(args.json, args.data, args.split, args.cache)
+    check_out(args.json, args.data, args.split, args.cache, args.meter, flag="--json")
     items = select_split(read_records(args.data, args.skip_invalid), args.split, args.subset)
     results = evaluate_steps(items, meter_of(args), args.failure_cost, readouts=args.readout, progress=args.progress)
     for dataset, rows in results.items():
@@ -197,7 +197,7 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
     from deltattg.meter.commands import evaluate_meter
     from deltattg.meter.loading import load_meter
 
-    check_out(args.json, args.data, args.cache)
+    check_out(args.json, args.data, args.cache, args.meter, args.reference, flag="--json")
     items = read_records(args.data, args.skip_invalid)
     tokenizer = tokenizer_of(args.tokenizer)
     for item in items:

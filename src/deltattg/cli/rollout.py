@@ -98,7 +98,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
 
     if args.meter == ORACLE and args.env != "household":
         raise UsageError("--meter oracle reads the household planner: use it with --env household")
-    check_out(args.json, args.cache)
+    check_out(args.json, args.cache, args.meter, flag="--json")
     split = args.split or DEFAULT_SPLIT[args.env]
     try:
         spec = parse_policy(args.actor)
