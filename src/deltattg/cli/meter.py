@@ -233,6 +233,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to ``sub``."""
     from deltattg.meter.regression import RegressionConfig
     from deltattg.meter.train_regression import RegressionTrainConfig
+    from deltattg.train.config import PAPER_METER_MODEL
 
     train_meter = sub.add_parser(
         "train-meter",
@@ -252,7 +253,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train_meter.add_argument("--kind", choices=["regression", "generative"], default="regression")
     train_meter.add_argument("--model", default="smollm2",
                              help="backbone / base model: HF id or path, 'smollm2' (offline CPU default) or DIR::FILE.gguf; "
-                             "GPU recipe: Qwen/Qwen3-4B-Instruct-2507")
+                             f"GPU recipe: {PAPER_METER_MODEL} (the paper's meter base)")
     train_meter.add_argument("--split", help="split file ({\"train\": [ids], ...}); train on one subset of it")
     train_meter.add_argument("--subset", default="train", help="subset of --split to train on (default: train)")
     add_setting(train_meter, "--max-length", RegressionConfig, "max_length", type=positive_int)

@@ -94,7 +94,7 @@ class CreditConfig:
     crest_beta: float = 0.5  # β_v: Ã_{i,t} = A_i + β_v·ṽ_{i,t}, ṽ the verified outcome z-scored per (prompt, turn)
     crest_epsilon: float = 0.2  # ε_w: the teacher's magnitude factor w is clipped to [1 − ε_w, 1 + ε_w]
     crest_floor: float = 0.5  # w_min: w >= w_min > 0 (so w never flips a sign), after the entropy gate
-    # ---- robust DeltaTTG (ours; deltattg.credit.robust): the defaults are the recommended configuration ----
+    # ---- robust DeltaTTG (ours; deltattg.credit.robust): the defaults are the configuration measured ----
     soft: bool = True  # soft readout c = p̃·min(v̂, C) + (1 − p̃)·C with the calibrated probability p̃ (else b̂)
     hindsight: bool = True  # p̃ = 1 on the states of successful trajectories
     smooth: int = 3  # running median of this many states over the cost trace (1: none); odd

@@ -39,7 +39,7 @@ Choices where their code is silent or this project differs (all documented on th
 The registered estimator ``delta`` (bottom of the module) reads the token hidden states, which only the actor gives:
 its function returns GRPO's outcome advantage (Eq. 14), and its record's ``token_weights``
 (:func:`delta_weights`) is what the trainer calls on one no-grad θ_old pass over the step rows to hand the policy
-loss Â = A·ω (``deltattg.train.trainer.token_weighted_advantages``). Settings: ``CreditConfig.delta_lambda_min``,
+loss Â = A·ω (``deltattg.train.side_passes.token_weighted_advantages``). Settings: ``CreditConfig.delta_lambda_min``,
 ``delta_lambda_max``, ``delta_refine`` (K). ``deltattg credit`` and ``inspect`` refuse it: records carry no hidden
 states.
 """

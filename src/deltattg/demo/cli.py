@@ -16,7 +16,7 @@ The main job, end to end on the built-in household environment (no network, 2 CP
   2. trajectories of a pool of diverse policies (noisy experts at several eps, random, the base actor);
   3. a regression progress meter (tiny Llama backbone + head) trained on them (Token-to-Go labels, the turns left
      marked), its completion probability calibrated on held-out pool tasks;
-  4. where the credit goes on base-actor rollouts: GRPO, the paper's DeltaTTG and robust DeltaTTG (recommended)
+  4. where the credit goes on base-actor rollouts: GRPO, the paper's DeltaTTG and robust DeltaTTG (recommended over the paper's with a learned meter)
      with the learned meter, DeltaTTG with the oracle (`deltattg inspect`'s precision and concentration);
   5. RL from the same base actor and seed: GRPO, the paper's DeltaTTG and robust DeltaTTG with the learned meter,
      evaluated on held-out tasks (one seed: bench/bench_train.py runs ten);

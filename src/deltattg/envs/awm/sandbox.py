@@ -1,6 +1,6 @@
 """An AWM scenario's episode sandbox: its SQLite database built from the released SQL, its FastAPI code patched to
 that database and served as MCP over streamable HTTP in a subprocess, and its code-mode verifier run in another
-subprocess with a time limit. All of it is the dataset's code: AWM environments are trusted code (README).
+subprocess with a time limit. All of it is the dataset's code: AWM environments are trusted code (docs/environments.md).
 
 Following AWM (``awm/core/{db,sample,server,verify}.py``): tables' DDL, then their indexes, then every sample INSERT
 one at a time, failures skipped and reported (:class:`BuildReport`); the working database is copied to ``initial.db`` before the episode;
