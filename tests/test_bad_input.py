@@ -371,6 +371,45 @@ def test_an_output_inside_a_meter_it_reads_is_refused(tmp_path, capsys, argv, fl
     assert {p.name: p.read_bytes() for p in meter.iterdir() if p.is_file()} == before
 
 
+def meter_for_turns(folder: Path, turns: int) -> Path:
+    """A tiny regression meter whose input states the turns left of a ``turns``-turn limit, saved to ``folder``."""
+    from dataclasses import replace as replaced
+
+    from test_meter_regression import tiny_meter
+
+    meter = tiny_meter()
+    meter.config = replaced(meter.config, turn_limit=turns)
+    meter.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("argv", [
+    ["score", "{pool}", "--meter", "{meter}", "--out", "{tmp}/s.jsonl"],
+    ["eval-meter", "{pool}", "--meter", "{meter}"],
+    ["eval-meter", "{pool}", "--meter", "oracle", "--reference", "{meter}", "--tokenizer", "{meter}/backbone"],
+    ["eval-steps", "--data", "{pool}", "--meter", "{meter}"],
+    ["labels", "{pool}", "--labels", "td", "--bootstrap-meter", "{meter}", "--out", "{tmp}/l.jsonl"],
+])  # fmt: skip
+def test_a_meter_of_another_turn_limit_is_refused_on_records(tmp_path, capsys, argv):
+    """A meter trained with the turns left of a 5-turn limit would read the turns left of records played with 12
+    wrong: score, eval-meter (both meters), eval-steps and td labels refuse it naming the record, nothing written."""
+    meter = meter_for_turns(tmp_path / "meter", 5)
+    record = {**apb(0, {"1": 1}), "id": "a", "group": "g", "reward": 1.0, "success": True, "step_tokens": [3, 4],
+              "env": {"name": "toy", "max_turns": 12}}
+    pool = write(tmp_path / "pool.jsonl", [record])
+    code, err = run([arg.format(pool=pool, meter=meter, tmp=tmp_path) for arg in argv], capsys)
+    assert code == 2 and f"{pool}:1: env.max_turns: the record was played with a 12-turn limit" in err, err
+    assert "was trained on episodes of 5 turns" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meter", "pool.jsonl"]
+
+
+def test_guide_with_a_meter_of_another_turn_limit_is_a_usage_error(tmp_path, capsys):
+    meter = meter_for_turns(tmp_path / "meter", 5)
+    code, err = run(["guide", "--env", "household", "--short", "--actor", "random", "--episodes", "1", "--max-turns",
+                     "12", "--meter", str(meter)], capsys)  # fmt: skip
+    assert code == 2 and "trained on episodes of 5 turns" in err and "Traceback" not in err
+
+
 def test_outputs_keep_the_mode_of_the_file_they_replace(tmp_path, capsys):
     src = write(tmp_path / "in.jsonl", [GOOD, OTHER])
     out = tmp_path / "out.jsonl"

@@ -231,6 +231,22 @@ REPLAY_OPTIONS = ("completions", "label_seed", "completer_temperature", "complet
                   "env_data", "corpus", "retriever", "topk", "max_turns")  # read by --labels rollout and best-of-k only
 
 
+def check_records_turn_limit(meter: Any, items: Sequence, option: str = "--meter") -> None:
+    """Refuse (``InputError`` naming the first record's file and line) records played under another turn limit
+    (``env.max_turns``) than the one a meter was trained with the turns left in its input: every reading of theirs
+    would state the wrong turns left. Records that carry no limit are read as they are."""
+    limit = getattr(meter, "turn_limit", None)
+    if limit is None:
+        return
+    for item in items:
+        env = item.trajectory.extra.get("env")
+        theirs = env.get("max_turns") if isinstance(env, dict) else None
+        if isinstance(theirs, int) and not isinstance(theirs, bool) and theirs != limit:
+            raise InputError(f"the record was played with a {theirs}-turn limit, but {option} was trained on episodes "
+                             f"of {limit} turns (its input states the turns left): read it with a meter trained for "
+                             f"{theirs} turns", path=item.path, line=item.line, field="env.max_turns")
+
+
 def add_label_source(parser: argparse.ArgumentParser) -> None:
     """--labels and what its sources read: the completer and its environment (``collect``'s options), the
     completions per state, the bootstrap meter of ``td``."""
@@ -354,7 +370,7 @@ def compute_labels(args: argparse.Namespace, items: Sequence, tokenizer: Any, pa
             check_expert_on_records(items, make_env)
         completer = _completer(settings, make_env)
     if settings.bootstrap_meter:
-        bootstrap = _bootstrap(settings.bootstrap_meter, args.tokenizer)
+        bootstrap = _bootstrap(settings.bootstrap_meter, args.tokenizer, items)
     return make_labels(items, tokens, settings, path, completer=completer, count_action=count_action,
                        bootstrap=bootstrap, make_env=make_env, max_turns=args.max_turns, cache=cache,
                        progress=getattr(args, "progress", True))
@@ -420,12 +436,15 @@ def _completer(settings: Any, make_env: Any):
     return build
 
 
-def _bootstrap(meter_path: str, tokenizer: str | None):
-    """td's reader of the meter at ``meter_path`` (``rollout.label_sources.meter_bootstrap``)."""
+def _bootstrap(meter_path: str, tokenizer: str | None, items: Sequence):
+    """td's reader of the meter at ``meter_path`` (``rollout.label_sources.meter_bootstrap``), refused where it was
+    trained for another turn limit than ``items`` were played under."""
     from deltattg.meter.loading import load_meter
     from deltattg.rollout.label_sources import meter_bootstrap
 
     try:
-        return meter_bootstrap(load_meter(meter_path, tokenizer=tokenizer))
+        meter = load_meter(meter_path, tokenizer=tokenizer)
     except ValueError as exc:
         raise UsageError(f"--bootstrap-meter {meter_path}: {exc}") from None
+    check_records_turn_limit(meter, items, "--bootstrap-meter")
+    return meter_bootstrap(meter)

@@ -15,6 +15,7 @@ from deltattg.cli.common import (
     add_skip_invalid,
     add_tokenizer,
     check_out,
+    check_records_turn_limit,
     compute_labels,
     label_settings,
     meter_of,
@@ -145,6 +146,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_out(args.out, args.input, args.cache, args.meter)
     items = read_records(args.input, args.skip_invalid)
     meter = meter_of(args)
+    check_records_turn_limit(meter, items)
     asked = queried(items) if args.skip_zero_advantage else [True] * len(items)
     records = score_records(items, meter, asked=asked, progress=args.progress)
     read = [r for record, ask in zip(records, asked) if ask for r in record["meter"]]
@@ -180,7 +182,9 @@ def cmd_eval_steps(args: argparse.Namespace) -> int:
 
     check_out(args.json, args.data, args.split, args.cache, args.meter, flag="--json")
     items = select_split(read_records(args.data, args.skip_invalid), args.split, args.subset)
-    results = evaluate_steps(items, meter_of(args), args.failure_cost, readouts=args.readout, progress=args.progress)
+    meter = meter_of(args)
+    check_records_turn_limit(meter, items)
+    results = evaluate_steps(items, meter, args.failure_cost, readouts=args.readout, progress=args.progress)
     for dataset, rows in results.items():
         print(f"== {dataset} ==")
         print(format_table(rows))
@@ -210,6 +214,9 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
         reference = load_meter(args.reference, tokenizer=args.tokenizer) if args.reference else None
     except ValueError as exc:
         raise UsageError(f"--reference {args.reference}: {exc}") from None
+    check_records_turn_limit(meter, items)
+    if reference is not None:
+        check_records_turn_limit(reference, items, "--reference")
     fit, agree = evaluate_meter(items, meter, reference)
     if not fit.success:  # nothing to measure: refuse to print NaN
         last = _last_meter_error(meter)

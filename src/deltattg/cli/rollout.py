@@ -91,6 +91,7 @@ def cmd_guide(args: argparse.Namespace) -> int:
     from deltattg.envs.registry import DEFAULT_SPLIT
     from deltattg.guidance import compare_guidance, guidance_header, guidance_row
     from deltattg.report import text_table
+    from deltattg.meter.loading import check_meter_turn_limit
     from deltattg.meter.oracle import ORACLE
     from deltattg.rollout.collect import build_policy, check_episodes, choose_tasks, parse_policy
     from deltattg.rollout.policies import SamplingConfig
@@ -120,6 +121,11 @@ def cmd_guide(args: argparse.Namespace) -> int:
 
         def make_actor():
             return actor
+    try:
+        check_meter_turn_limit(meter, args.max_turns if args.max_turns is not None else probe.max_steps, "--meter",
+                               "--max-turns (or the environment's limit)")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     result = compare_guidance(make_env, tasks, make_actor, meter, candidates=args.candidates, seed=args.seed,
                               max_turns=args.max_turns, progress=args.progress)  # fmt: skip
     print(f"test-time action selection, {len(tasks)} {args.env} {split} tasks, meter {args.meter} (Table 9 layout):")
