@@ -130,6 +130,19 @@ def test_a_score_meter_feeds_the_value_ablation_and_only_it(tmp_path, meter_dir,
     assert f"{scored}:1: meter[0].can_complete:" in capsys.readouterr().err
 
 
+def test_train_meter_no_progress_prints_no_bar(tmp_path, meter_dir, capfd):
+    """``train-meter --no-progress``, as every other long command has: no feature or training bar on stderr (they
+    are drawn without it)."""
+    src = tmp_path / "apb.jsonl"
+    src.write_text("".join(json.dumps(apb_record(i, i % 2 == 0, 1 + i % 3)) + "\n" for i in range(6)))
+    common = ["--model", str(meter_dir / "backbone"), "--head-epochs", "2", "--tokenizer", str(meter_dir / "backbone")]
+    assert main(["train-meter", str(src), "--out", str(tmp_path / "a"), *common]) == 0
+    assert "head epochs" in capfd.readouterr().err  # drawn by default
+    assert main(["train-meter", str(src), "--out", str(tmp_path / "b"), "--no-progress", *common]) == 0
+    err = capfd.readouterr().err
+    assert "head epochs" not in err and "it/s" not in err and "saved the meter" in err
+
+
 def test_score_loss_by_hand():
     import torch
 

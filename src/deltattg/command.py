@@ -5,9 +5,11 @@ all go through :func:`run_parsed`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from deltattg.errors import InputError, ServiceDown
@@ -69,6 +71,35 @@ def turn_limit(text: str) -> int | str | None:
     return number(int, low=1, high=10**6)(text)
 
 
+@contextlib.contextmanager
+def library_bars(shown: bool) -> Iterator[None]:
+    """While a command runs with ``--no-progress`` (``shown`` false), the HF libraries draw no progress bars either
+    (transformers' "Loading weights", the Hub's): through their switch where transformers is already imported, else
+    through the environment variable it reads on import; both are put back afterwards."""
+    if shown:
+        yield
+        return
+    imported = "transformers" in sys.modules
+    before = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if imported:
+        from transformers.utils import logging as hf_logging
+
+        was_enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = before
+        if "transformers" in sys.modules and (not imported or was_enabled):
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
+
+
 def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     """Parse ``argv`` and run the chosen ``func``: bad input and bad option combinations end with ``PROG COMMAND:
     error: ...`` and exit status 2 (shared by ``deltattg`` and the subcommands that also run on their own)."""
@@ -78,7 +109,8 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
     prog = " ".join(filter(None, [parser.prog, getattr(args, "command", None)]))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with library_bars(getattr(args, "progress", True)):
+            return func(args)
     except InputError as exc:
         print(f"deltattg: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

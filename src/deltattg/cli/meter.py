@@ -104,7 +104,7 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
                           "pooling": args.pooling, "target": args.target, "ensemble": args.ensemble, "layer": args.layer,
                           "turn_limit": limit, "labels": labelling.to_json()}  # fmt: skip
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
-                          "batch_size": args.batch_size, "seed": args.seed}
+                          "batch_size": args.batch_size, "seed": args.seed, "progress": args.progress}
         if args.lr is not None:
             train_settings["lr_head_frozen" if not args.full else "lr_backbone"] = args.lr
         report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer, meter_settings=meter_settings,
@@ -112,7 +112,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
                                   label_report=label_report)  # fmt: skip
         print(f"{report['examples']} decision states; final loss {report['final_loss']:.4f}", file=sys.stderr)
     else:
-        settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed}
+        settings = {"num_train_epochs": args.epochs, "per_device_train_batch_size": args.batch_size, "seed": args.seed,
+                    "disable_tqdm": not args.progress}
         if args.lr is not None:
             settings["learning_rate"] = args.lr
         report = train_generative(items, args.model, args.out, stage=args.stage, count_tokenizer=tokenizer,
@@ -290,6 +291,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              "deltattg_robust's soft readout; train_report.json and reliability.png show the fit; "
                              "default 0: T = 1")
     add_setting(train_meter, "--seed", RegressionTrainConfig, "seed", type=seed_int)
+    train_meter.add_argument("--no-progress", dest="progress", action="store_false",
+                             help="no progress bars (labels, features, training)")
     add_label_source(train_meter)
     add_tokenizer(train_meter)
     add_skip_invalid(train_meter)
