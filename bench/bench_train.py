@@ -25,10 +25,13 @@ paired per-seed difference to GRPO with its t interval and exact paired permutat
 (percentile bootstrap) and the number of seeds that collapsed (held-out success ≤ 5 % at an evaluation after the
 start). Nothing is asserted: read the intervals; one whose interval includes 0 is "no difference".
 
-Every run is stamped (``bench.json`` in its folder) with the code revision it ran (the git commit, ``+dirty.DIFF``
-for uncommitted changes) and the SHA-256 of its seed's shared settings (``train.yaml``). A finished run is reused only
-when both match the current ones; the report refuses to pair runs of different revisions or settings unless
-``--allow-mixed`` (which also reuses any finished run) — and then its table says which arms ran which revision.
+Seeds are prepared and run by ``deltattg.regime.seeds`` (what ``deltattg demo`` runs too). Every seed and every run is
+stamped (``bench.json`` in its folder) with the code revision it ran (the git commit, ``+dirty.DIFF`` for uncommitted
+changes), the settings that shaped it and the machine's numerics. Work made as it would be made now is reused; work
+made otherwise (another revision, a changed ``--set``, a forgotten ``--quick``) is never replaced: the command
+refuses before it makes anything, naming the difference, unless ``--allow-mixed`` (which reuses it as it is) — use
+another ``--out`` to make it anew. The report refuses to pair runs of different revisions or settings unless
+``--allow-mixed`` too, and then its table says which arms ran which revision.
 ``--report-only`` redraws from the runs. ``--archive DIR`` also copies what the report reads of each run (seed
 settings, stamps, metrics; no checkpoints) to ``DIR``, where seeds run under several ``--out`` folders gather and
 ``--report-only --out DIR`` redraws the tables: the household table's runs are kept that way in ``bench/results``.
@@ -39,7 +42,7 @@ the new one, interleaved (old, new, new, old) in one process, and prints the med
 ``--overhead N`` times every arm the same way and prints each one's step time ÷ the first arm's (GRPO).
 
     .venv/bin/python bench/bench_train.py --seeds 0 1 2 3 4 --jobs 2                  # docs/benchmarks.md#the-household-rl-regime
-    .venv/bin/python bench/bench_train.py --arms grpo --set lr=3e-4 --out runs/lr3e-4  # one knob of the regime
+    .venv/bin/python bench/bench_train.py --arms grpo --set optim.lr=3e-4 --out runs/lr3e-4  # one knob of the regime
     .venv/bin/python bench/bench_train.py --speed 8
     .venv/bin/python bench/bench_train.py --overhead 4 --arms grpo gigpo hgpo igpo a2tgpo delta crest deltattg
 """
@@ -52,12 +55,10 @@ import dataclasses
 import json
 import math
 import shlex
-import shutil
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -74,29 +75,33 @@ from deltattg.regime.comparison import (
     summarize,
 )
 from deltattg.regime.config import RegimeConfig, regime_config
+from deltattg.regime.seeds import (
+    SETTINGS_FILE,
+    STAMP,
+    shared_settings_hash,
+    Meters,
+    finished,
+    meter_folder,
+    meters_read,
+    prepare_seed,
+    read_stamp,
+    refuse_stale,
+    run_arm,
+    stale_work,
+)
 from deltattg.regime.stages import (
     GENERATIVE_METER,
-    PRESET,
     Arm,
-    BaseActor,
-    base_actor,
-    build_world,
-    collect_pool,
     label_settings,
     labelled_meter,
     pool_labels,
     process_settings,
-    train_generative_meter,
     train_meter,
-    trainer_settings,
 )
-from deltattg.data.jsonl import atomic_output, read_jsonl
-from deltattg.data.labels import LABEL_SOURCES
-from deltattg.data.sources import split_by_task
-from deltattg.report import markdown_table, percent, three_decimals
-from deltattg.summaries import cpu_model, machine_text
+from deltattg.data.jsonl import atomic_output
+from deltattg.report import markdown_table, percent, spread, three_decimals
+from deltattg.summaries import machine_text
 from deltattg.train import read_metrics, resolve, train
-from deltattg.train.checkpoint import code_revision, config_hash
 
 DEFAULT_ARMS = ("grpo", "deltattg", "deltattg@oracle", "deltattg@oracle:0.5:0.1", "deltattg@oracle:1:0.2")
 
@@ -108,163 +113,36 @@ def seed_config(args: argparse.Namespace, seed: int) -> RegimeConfig:
     return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
-def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, allow_mixed: bool = False) -> None:
-    """The seed's base actor and, when arms read them, its pool, ``meters.learned`` regression meters — ``meter``
-    and, for an ensemble, ``meter-1`` … from other model seeds on the same pool — and the generative meter
-    (``meter-generative``), kept if already there and made by the current code revision (or by any with
-    ``allow_mixed``), and the trainer settings every arm shares (``train.yaml``)."""
-    world = build_world(config)
-    wanted = preparation_stamp(config)
-    made = (read_stamp(folder) or {}) if (folder / "actor").exists() else wanted
-    differ = [key for key in wanted if made.get(key) != wanted[key]]
-    if differ and not allow_mixed:
-        print(f"[bench] {folder}: its actor and meters were made with another {' and '.join(differ)}; making them "
-              "again", file=sys.stderr, flush=True)  # fmt: skip
-        for stale in ("actor", GENERATIVE_METER, "meter-no-turns", *(meter_folder(k) for k in range(64)),
-                      *(labelled_meter(source) for source in LABEL_SOURCES)):
-            shutil.rmtree(folder / stale, ignore_errors=True)
-        for source in LABEL_SOURCES:
-            (folder / f"labels-{source}.jsonl").unlink(missing_ok=True)
-        made = wanted
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / STAMP).write_text(json.dumps(made, indent=2) + "\n")
-    if not (folder / "actor" / "config.json").is_file():
-        base_actor(config, world, folder / "actor")
-    missing = [k for k in range(meters.learned) if not (folder / meter_folder(k) / "meter_config.json").is_file()]
-    generative_missing = meters.generative and not (folder / GENERATIVE_METER / "meter_config.json").is_file()
-    sources_missing = [s for s in meters.sources if not (folder / labelled_meter(s) / "meter_config.json").is_file()]
-    if missing or generative_missing or sources_missing:
-        from deltattg.hf import load_tokenizer
-
-        actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
-        pool = collect_pool(config, world, actor)
-        train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
-        for k in missing:  # member k's backbone and shuffles from seed + 1000·k, on the same pool
-            train_meter(config.replace(seed=config.seed + 1000 * k), train_pool, actor.tokenizer,
-                        folder / meter_folder(k), heldout_pool)  # fmt: skip
-        if generative_missing:
-            train_generative_meter(config, train_pool, folder / GENERATIVE_METER, heldout_pool)
-        for source in sources_missing:  # labels of every pool state (held-out ones calibrate), then the meter
-            settings = label_settings(config, source, folder / meter_folder(0))
-            labels, report = pool_labels(config, world, actor, pool, settings, folder / f"labels-{source}.jsonl",
-                                         folder / meter_folder(0))
-            meter = folder / labelled_meter(source)
-            train_meter(config, train_pool, actor.tokenizer, meter, heldout_pool, labels=labels, labelling=settings)
-            (meter / "labels_report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
-    settings = trainer_settings(config, str(folder / "actor"), world.prompt.layout)
-    (folder / "train.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-
-
-def meter_folder(k: int) -> str:
-    """The folder of a seed's k-th learned meter: ``meter``, ``meter-1``, ..."""
-    return "meter" if k == 0 else f"meter-{k}"
-
-
-@dataclass(frozen=True)
-class Meters:
-    """The learned meters a seed needs: how many regression meters on the outcome labels (an ensemble reads several),
-    whether the generative one, and the other label sources whose meters are read (``meter-best-of-k``, ...)."""
-
-    learned: int = 0
-    generative: bool = False
-    sources: tuple[str, ...] = ()
-
-
-def meters_read(arms: Sequence[Arm]) -> Meters:
-    """The learned meters ``arms`` read (``td`` bootstraps from the outcome meter, so it needs that one too)."""
-    sources = tuple(sorted({arm.labels for arm in arms if arm.meter == "learned" and arm.labels != "outcome"}))
-    learned = max([arm.members for arm in arms if arm.meter == "learned" and arm.labels == "outcome"], default=0)
-    return Meters(max(learned, 1 if "td" in sources else 0), any(arm.meter == "generative" for arm in arms), sources)
-
-
-STAMP = "bench.json"
-
-
-def finished(run: Path, steps: int) -> bool:
-    try:
-        return any(r.get("step") == steps and "eval/greedy_success" in r for r in read_metrics(run))
-    except (FileNotFoundError, ValueError):
-        return False
-
-
-def shared_settings_hash(folder: Path) -> str:
-    """SHA-256 of a seed folder's ``train.yaml``: the settings every arm of that seed shares."""
-    return config_hash((folder / "train.yaml").read_text())
-
-
-def read_stamp(run: Path) -> dict | None:
-    try:
-        return json.loads((run / STAMP).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def preparation_stamp(config: RegimeConfig) -> dict:
-    """What made a seed's actor, pool, labels and meters: the code revision and the hash of the settings that shape
-    them (``RegimeConfig.preparation``)."""
-    return {"code": code_revision(), "preparation_sha256": settings_hash(config.preparation())}
-
-
-def settings_hash(settings: dict) -> str:
-    return config_hash(json.dumps(settings, sort_keys=True, default=str))
-
-
-def machine() -> dict:
-    """What decides how a run's numbers round: the torch version, the ATen CPU capability its kernels use and the CPU
-    model (MKL's kernels follow the CPU: an Intel CPU held to AVX2 kernels does not round as an AMD one does)."""
-    import torch
-
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model()}
-
-
-def current_stamp(folder: Path, arm: Arm, config: RegimeConfig) -> dict:
-    """What a run of ``arm`` in seed ``folder`` would be made of now: the code revision, what made the seed's actor
-    and meters (``prepare_seed``), the shared settings, the whole regime configuration without its seed (the same
-    across the seeds of one comparison) and the machine's numerics."""
-    prepared = read_stamp(folder) or {}
-    regime = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("seed", "jobs", "threads")}
-    return {"code": code_revision(), "prepared_by": prepared.get("code"),
-            "prepared_with": prepared.get("preparation_sha256"), "shared_config_sha256": shared_settings_hash(folder),
-            "regime_sha256": settings_hash(regime), **machine(), "arm": arm.name}  # fmt: skip
-
-
 def prepare(args: argparse.Namespace, seed: int, meters: Meters) -> str:
-    """One seed's base actor, pool and meter (in its own process: one torch thread)."""
+    """One seed's base actor, pool, labels and meters (in its own process: one torch thread)."""
     start = time.perf_counter()
     with process_settings(1):
-        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", meters, args.allow_mixed)
+        prepare_seed(seed_config(args, seed), args.out / f"seed-{seed}", meters, allow_mixed=args.allow_mixed)
     return f"[bench] seed {seed} prepared: {time.perf_counter() - start:.0f} s"
 
 
-def run_arm(args: argparse.Namespace, seed: int, arm: Arm) -> str:
+def run_one(args: argparse.Namespace, seed: int, arm: Arm) -> str:
     """One arm of one seed (in its own process), unless its finished run is already there."""
-    config = seed_config(args, seed)
-    folder = args.out / f"seed-{seed}"
-    run = folder / arm.folder
-    stamp = current_stamp(folder, arm, config)
-    if finished(run, config.steps) and (args.allow_mixed or read_stamp(run) == stamp):
-        return f"[bench] seed {seed} {arm.name}: already there"
     start = time.perf_counter()
-    overrides = [*arm.overrides(folder / "meter"), f"run.out={run}", "run.progress=false",
-                 f"run.save_every={config.steps}", "run.keep_checkpoints=1"]  # fmt: skip
-    (run / STAMP).unlink(missing_ok=True)
-    with process_settings(1):  # an unfinished or stale run there is started over (overwrite), not resumed
-        train(resolve(PRESET, folder / "train.yaml", overrides), overwrite=True)
-    (run / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")  # written last: a stamp means a finished run
-    return f"[bench] seed {seed} {arm.name}: {time.perf_counter() - start:.0f} s"
+    _, reused = run_arm(seed_config(args, seed), args.out / f"seed-{seed}", arm, allow_mixed=args.allow_mixed)
+    return f"[bench] seed {seed} {arm.name}: " + ("already there" if reused else f"{time.perf_counter() - start:.0f} s")
 
 
 def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
-    """Every seed's preparation, then every (seed, arm) run, ``--jobs`` processes at a time."""
+    """Every seed's preparation, then every (seed, arm) run, ``--jobs`` processes at a time; refused before anything
+    is made where a seed's preparation or a finished run was made otherwise (unless ``--allow-mixed``)."""
     import multiprocessing
 
+    if not args.allow_mixed:
+        refuse_stale([line for seed in args.seeds
+                      for line in stale_work(seed_config(args, seed), args.out / f"seed-{seed}", arms)])
     meters = meters_read(arms)
     units = [(seed, arm) for seed in args.seeds for arm in arms]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max(args.jobs, 1), mp_context=context) as pool:
         for line in pool.map(prepare, [args] * len(args.seeds), args.seeds, [meters] * len(args.seeds)):
             print(line, flush=True)
-        for line in pool.map(run_arm, [args] * len(units), *zip(*units)):
+        for line in pool.map(run_one, [args] * len(units), *zip(*units)):
             print(line, flush=True)
 
 
@@ -363,7 +241,7 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
                 alike[name].setdefault(str(stamp.get(name)), []).append(f"seed {seed} {arm.name}")
             if stamp.get("shared_config_sha256") != shared_settings_hash(folder):
                 problems.append(f"{folder / arm.folder}: ran other shared settings than {folder / 'train.yaml'}"
-                                if stamp else f"{folder / arm.folder}: no {STAMP} (a run from before runs were stamped)")
+                                if stamp else f"{folder / arm.folder}: no {STAMP} (a run killed before its end, or one from before runs were stamped)")
             elif stamp.get("code") is None:
                 problems.append(f"{folder / arm.folder}: its code revision is unknown (not run from a git checkout)")
         if len(preparations) > 1:
@@ -405,7 +283,27 @@ TEST_HEADER = ("arm", "test final %", "test − GRPO (points)", "SD of the paire
                "power at +3 points")
 
 
+def missing_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
+    """What a report of ``arms`` over ``--seeds`` would read and is not under ``--out``: the folder itself, a seed
+    that was never prepared, a run that never started (one line each)."""
+    if not args.out.is_dir():
+        return [f"--out {args.out}: no such folder (nothing has run there)"]
+    missing = []
+    for seed in args.seeds:
+        folder = args.out / f"seed-{seed}"
+        if not (folder / SETTINGS_FILE).is_file():
+            missing.append(f"{folder}: seed {seed} never ran here (no {SETTINGS_FILE})")
+            continue
+        missing += [f"{folder / arm.folder}: arm {arm.name} never ran for seed {seed}" for arm in arms
+                    if not (folder / arm.folder / "metrics.jsonl").is_file()]  # fmt: skip
+    return missing
+
+
 def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple[str, dict]:
+    missing = missing_runs(args, arms)
+    if missing:
+        raise ValueError("nothing to report from these runs, some are missing (run without --report-only to make "
+                         "them):\n  " + "\n  ".join(missing))
     revisions = check_stamps(args, arms)
     steps, curves, records = load_curves(args, arms)
     grpo = curves.get("grpo")
@@ -432,8 +330,9 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
              f"{s.collapses} / {s.seeds}", f"{times[s.arm]:.2f}"] for s in summaries]  # fmt: skip
     tasks = settings_of_runs(args, "eval", "num_tasks")
     test_rows = [[s.arm, s.test.text(100), "-" if s.arm == "grpo" else difference(s.test_minus_grpo),
-                  "-" if s.arm == "grpo" else f"{100 * s.test_sd:.1f}",
-                  "-" if s.arm == "grpo" else f"{s.test_power:.2f}"] for s in summaries if s.test is not None]
+                  "-" if s.arm == "grpo" else spread(s.test_sd, s.seeds, f"{100 * s.test_sd:.1f}"),
+                  "-" if s.arm == "grpo" else spread(s.test_power, s.seeds, f"{s.test_power:.2f}")]
+                 for s in summaries if s.test is not None]  # fmt: skip
     test_split, test_tasks = settings_of_runs(args, "eval", "test_split"), settings_of_runs(args, "eval", "test_tasks")
     test_section = [
         f"## Final success on the test split ({test_split}, {test_tasks} tasks)",
@@ -534,11 +433,11 @@ def interleaved_step_times(args: argparse.Namespace, variants: dict[str, Sequenc
     folder = args.out / f"seed-{seed}"
     times: dict[str, list[float]] = {name: [] for name in variants}
     with process_settings(1):
-        prepare_seed(config, folder, meters)
+        prepare_seed(config, folder, meters, allow_mixed=args.allow_mixed)
         for k, name in enumerate([*variants, *reversed(variants)]):
             overrides = [f"run.out={args.out / 'speed' / f'{name}-{k}'}", "run.progress=false", f"run.steps={steps}",
                          "run.save_every=0", "eval.every=0", *variants[name]]  # fmt: skip
-            records = train(resolve(PRESET, folder / "train.yaml", overrides), overwrite=True)
+            records = train(resolve(None, folder / "train.yaml", overrides), overwrite=True)
             times[name] += [r["time/step"] / r["train/rows"] for r in records if r.get("step", 0) > 0]
     return {name: statistics.median(values) for name, values in times.items()}
 
@@ -580,9 +479,7 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
     the same pool without them, a meter per label source the arms read (and those labels themselves), the generative
     meter when an arm reads it, and the oracle — each against the trajectory's outcome and against the planner
     (``--meter-fit``)."""
-    from deltattg.data.labels import labels_of_records
     from deltattg.data.trajectory import MeterOutput
-    from deltattg.hf import load_tokenizer
     from deltattg.meter.fit import agreement_of, fit_of
     from deltattg.meter.loading import load_meter, read_states
     from deltattg.meter.oracle import OracleMeter
@@ -595,22 +492,20 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
     with process_settings(1):
         for seed in args.seeds:
             config, folder = seed_config(args, seed), args.out / f"seed-{seed}"
-            prepare_seed(config, folder, Meters(max(needed.learned, 1), needed.generative, needed.sources),
-                         allow_mixed=args.allow_mixed)  # fmt: skip
-            world = build_world(config)
-            actor = BaseActor(str(folder / "actor"), None, load_tokenizer(str(folder / "actor")))
-            train_pool, heldout = split_by_task(collect_pool(config, world, actor), config.heldout_fraction, seed)
+            seed_folder = prepare_seed(config, folder, Meters(max(needed.learned, 1), needed.generative, needed.sources),
+                                       allow_mixed=args.allow_mixed, need_pool=True)  # fmt: skip
+            actor, train_pool, heldout = seed_folder.actor, seed_folder.train_pool, seed_folder.heldout_pool
             if not (folder / "meter-no-turns" / "meter_config.json").is_file():
                 train_meter(config, train_pool, actor.tokenizer, folder / "meter-no-turns", heldout, turns_left=False)
             planner = read_states(OracleMeter(actor.tokenizer), heldout)[0]
             for name in names:
-                if name.startswith("labels: "):  # the labels themselves, read as a meter would be
+                if name.startswith("labels: "):  # the labels themselves (checked against the pool), read as a meter
                     source = name.removeprefix("labels: ")
-                    by_id: dict[str, list] = {}
-                    for _, record in read_jsonl(folder / f"labels-{source}.jsonl"):
-                        by_id.setdefault(record["id"], []).append(record)
-                    readings = [[MeterOutput(label.can_complete, label.tokens_to_go) for label in
-                                 labels_of_records(by_id[t.id], t)[:-1]] for t in heldout]  # fmt: skip
+                    labels, _ = pool_labels(config, seed_folder.world, actor, seed_folder.pool,
+                                            label_settings(config, source, folder / meter_folder(0)),
+                                            folder / f"labels-{source}.jsonl", folder / meter_folder(0))  # fmt: skip
+                    readings = [[MeterOutput(label.can_complete, label.tokens_to_go) for label in labels[t.id][:-1]]
+                                for t in heldout]  # fmt: skip
                 else:
                     path = {"outcome, without turns left": "meter-no-turns", "outcome": meter_folder(0),
                             "generative": GENERATIVE_METER}.get(name, labelled_meter(name))  # fmt: skip
@@ -649,15 +544,19 @@ def mean_of(values: Sequence[float]) -> float:
 
 
 def demo_setting(text: str) -> tuple[str, object]:
-    """``FIELD=VALUE`` → (field, YAML-parsed value, a float where the default is one); a :class:`RegimeConfig` field."""
+    """``FIELD=VALUE`` or ``SECTION.FIELD=VALUE`` → (the key, the value typed as the field is: YAML text for a
+    mapping or list); a :class:`RegimeConfig` field or a field of one of its sections (``optim.lr``)."""
+    from deltattg.regime.config import setting_type
+    from deltattg.train.config import coerce
+
     name, sep, value = text.partition("=")
-    if not sep or name not in {f.name for f in dataclasses.fields(RegimeConfig)}:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD a RegimeConfig field")
-    default = getattr(RegimeConfig(), name)
-    parsed = yaml.safe_load(value)
-    if isinstance(default, tuple):
-        parsed = tuple(parsed)
-    return name, float(parsed) if isinstance(default, float) else parsed  # YAML reads 1e-4 as a string
+    try:
+        kind = setting_type(name) if sep else None
+        if kind is None:
+            raise ValueError(f"{name!r} is no RegimeConfig field (FIELD or SECTION.FIELD, e.g. steps or optim.lr)")
+        return name, coerce(value, kind, name)
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def finite(value: object) -> object:
@@ -700,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=count(1), default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
-                        help="change one RegimeConfig field (YAML value), e.g. --set lr=1e-4; repeatable")
+                        help="change one RegimeConfig setting: FIELD=VALUE or SECTION.FIELD=VALUE (typed as the field; YAML for lists and mappings), e.g. --set optim.lr=1e-4 or --set steps=40; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
     parser.add_argument("--archive", type=Path, metavar="DIR",
                         help="also copy what the report reads of each finished run (seed settings, stamps, metrics; "
@@ -736,6 +635,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from deltattg.errors import InputError
     from deltattg.rollout.output import held_folder
 
+    if args.report_only and not args.out.is_dir():  # nothing to hold, nothing to read
+        print(f"bench_train.py: error: {missing_runs(args, arms)[0]}", file=sys.stderr)
+        raise SystemExit(2)
     try:
         with held_folder(args.out):  # one benchmark at a time per --out, taken before anything is written
             command = "bench/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:])

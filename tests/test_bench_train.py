@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -120,6 +121,12 @@ def test_a_generative_arm_trains_its_meter_on_the_pool_and_reads_it_in_rl(tmp_pa
     assert "deltattg@generative" in (out / "bench_train.md").read_text()
 
 
+def config_options() -> dict:
+    from deltattg.regime.config import QUICK
+
+    return QUICK["env_options"]
+
+
 @pytest.mark.slow  # ~20 s: bench_train.py --quick in a subprocess
 def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_split(tmp_path):
     """``deltattg@best-of-k`` in the quick regime: the seed's pool is labelled by completions (here a noisy expert,
@@ -133,7 +140,10 @@ def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_s
     assert done.returncode == 0, done.stderr[-3000:]
     seed = out / "seed-0"
     config = json.loads((seed / "meter-best-of-k" / "meter_config.json").read_text())
-    assert config["labels"] == {"source": "best-of-k", "completer": "expert:0.3", "completions": 1, "seed": 0}
+    assert config["labels"] == {"source": "best-of-k", "completer": "expert:0.3", "completions": 1, "seed": 0,
+                                "environment": {"env": "household", "size": "short", "options": config_options(),
+                                                "data": None},
+                                "max_turns": 6, "tokenizer": "actor"}
     cost = json.loads((seed / "meter-best-of-k" / "labels_report.json").read_text())["cost"]
     assert cost["completion_episodes"] > 0 and cost["unreplayable"] == 0
     labels = [json.loads(line) for line in (seed / "labels-best-of-k.jsonl").open()]
@@ -205,20 +215,82 @@ def test_a_second_benchmark_on_the_same_out_is_refused_before_it_writes(tmp_path
     assert not (out / "seed-0").exists()
 
 
-def test_a_seed_prepared_with_other_settings_is_made_again(tmp_path, bench_train, capsys):
+def test_work_made_otherwise_is_refused_not_replaced(tmp_path, bench_train, capsys):
     """A rerun into the same --out with a setting that shapes the actor or meters changed (--set meter_epochs=...)
-    does not keep the old actor and meter: they are made again, and the new stamp says with what."""
+    is refused before anything is written, naming the difference, and the old work stays; --allow-mixed reuses it as
+    it is. A finished run of other settings (--set optim.lr) is refused the same way, not replaced in place. A
+    prepared actor's files are all readable alike (the weights are not 0600 while the rest are 0644)."""
+    from deltattg.regime.seeds import StaleWork, prepare_seed, run_arm, stale_work
+
     folder = tmp_path / "seed-0"
     config = bench_train.regime_config(quick=True, seed=0, threads=1, budget=False)
-    bench_train.prepare_seed(config, folder, bench_train.Meters())
+    prepare_seed(config, folder, bench_train.Meters())
     first = json.loads((folder / "bench.json").read_text())
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (folder / "actor").iterdir()}
+    assert len(set(modes.values())) == 1, modes
     (folder / "actor" / "marker").write_text("made before")
-    bench_train.prepare_seed(config, folder, bench_train.Meters())  # the same settings: kept
+    prepare_seed(config, folder, bench_train.Meters())  # the same settings: kept
     assert (folder / "actor" / "marker").exists()
     changed = config.replace(meter_epochs=config.meter_epochs + 1)
-    bench_train.prepare_seed(changed, folder, bench_train.Meters())
-    assert not (folder / "actor" / "marker").exists() and "preparation_sha256" in capsys.readouterr().err
-    assert json.loads((folder / "bench.json").read_text())["preparation_sha256"] != first["preparation_sha256"]
+    assert stale_work(changed, folder) and "preparation_sha256" in stale_work(changed, folder)[0]
+    with pytest.raises(StaleWork, match="preparation_sha256"):
+        prepare_seed(changed, folder, bench_train.Meters())
+    assert (folder / "actor" / "marker").exists() and json.loads((folder / "bench.json").read_text()) == first
+    prepare_seed(changed, folder, bench_train.Meters(), allow_mixed=True)  # reused as it is
+    assert (folder / "actor" / "marker").exists()
+    arm = bench_train.Arm.parse("grpo")
+    run_arm(config, folder, arm)
+    finished = (folder / "grpo" / "metrics.jsonl").read_text()
+    faster = config.replace(**{"optim.lr": 3e-4})
+    assert any("a finished run of other settings" in line for line in stale_work(faster, folder, [arm]))
+    with pytest.raises(StaleWork, match="regime_sha256"):
+        run_arm(faster, folder, arm)
+    assert (folder / "grpo" / "metrics.jsonl").read_text() == finished
+    # the command line refuses before preparing anything
+    with pytest.raises(SystemExit) as exit_info:
+        bench_train.main(["--quick", "--arms", "grpo", "--seeds", "0", "--out", str(tmp_path), "--set",
+                          "optim.lr=3e-4"])
+    assert exit_info.value.code == 2 and "a finished run of other settings" in capsys.readouterr().err
+    assert (folder / "grpo" / "metrics.jsonl").read_text() == finished
+
+
+def test_report_only_names_what_is_missing(tmp_path, bench_train, capsys):
+    """--report-only on an --out that does not exist, a seed that never ran or an arm that never ran: exit 2 naming
+    it, no traceback, nothing created."""
+    with pytest.raises(SystemExit) as exit_info:
+        bench_train.main(["--arms", "grpo", "--seeds", "0", "--out", str(tmp_path / "nowhere"), "--report-only"])
+    assert exit_info.value.code == 2 and "no such folder" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
+    write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0])
+    for seeds, arms, what in ((["0", "1"], ["grpo"], "seed 1 never ran here"),
+                              (["0"], ["grpo", "gigpo"], "arm gigpo never ran for seed 0")):
+        with pytest.raises(SystemExit) as exit_info:
+            bench_train.main(["--arms", *arms, "--seeds", *seeds, "--out", str(tmp_path), "--report-only"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and what in err and "Traceback" not in err
+
+
+def test_the_regime_sets_every_trainer_setting_its_runs_read():
+    """Every trainer setting the regime's runs read comes from RegimeConfig (or the trainer's dataclass defaults),
+    none from a preset: resolving a seed's train.yaml under the trainer preset it used to sit on gives the same
+    configuration, and a nested setting (optim.lr, loss.kl_coef) reaches the run."""
+    import tempfile
+
+    import yaml as pyyaml
+
+    from deltattg.regime.config import RegimeConfig
+    from deltattg.regime.stages import trainer_settings
+    from deltattg.train import resolve
+
+    config = RegimeConfig().replace(**{"optim.lr": 2e-4, "loss.kl_coef": 0.01})
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "train.yaml"
+        path.write_text(pyyaml.safe_dump(trainer_settings(config, "/actor", "window"), sort_keys=False))
+        ours = resolve(None, path, ["algo.method=grpo", "run.out=/run"])
+        preset = resolve("household-tiny", path, ["algo.method=grpo", "run.out=/run"])
+    assert dataclasses.replace(preset, preset=None) == ours
+    assert ours.optim.lr == 2e-4 and ours.loss.kl_coef == 0.01 and ours.optim.recompute_old_logprobs is False
+    assert (ours.loss, ours.optim, ours.credit) == (config.loss, config.optim, config.credit)
 
 
 def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(tmp_path, bench_train, capsys):

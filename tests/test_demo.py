@@ -100,3 +100,25 @@ def test_the_demo_leaves_the_process_as_it_found_it(demo):
     later in the same pytest process, refuses to run without them) and the thread count is what it was."""
     assert torch.tensor(1e-310, dtype=torch.float64).item() != 0.0
     assert torch.get_num_threads() == THREADS_BEFORE
+
+
+def test_a_rerun_reuses_what_was_made_as_it_would_be_made_now(demo, tmp_path):
+    """The demo's folder is one seed of the regime (``regime.seeds``, as the benchmark's): run again with the same
+    settings, it makes nothing again (the actor, pool, meter and RL runs are the first run's files); with a setting
+    that shapes the preparation changed, it replaces them (the folder is the demo's own output)."""
+    import shutil
+
+    from deltattg.demo.pipeline import run_demo
+    from deltattg.regime.config import regime_config
+
+    out, _ = demo
+    copy = tmp_path / "demo"
+    shutil.copytree(out, copy)
+    config = regime_config(quick=True, threads=1)
+    made = {name: (copy / name).stat().st_mtime_ns for name in ("actor", "pool.jsonl", "meter/head.pt")}
+    runs = {arm: (copy / Arm.parse(arm).folder / "metrics.jsonl").read_text() for arm in config.arms}
+    run_demo(config, copy, guidance=False)
+    assert {name: (copy / name).stat().st_mtime_ns for name in made} == made
+    assert {arm: (copy / Arm.parse(arm).folder / "metrics.jsonl").read_text() for arm in config.arms} == runs
+    run_demo(config.replace(meter_epochs=config.meter_epochs + 1), copy, guidance=False)
+    assert (copy / "meter" / "head.pt").stat().st_mtime_ns != made["meter/head.pt"]

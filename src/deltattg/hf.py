@@ -25,6 +25,22 @@ SMOLLM2 = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def save_model(model: Any, tokenizer: Any, folder: str | os.PathLike) -> None:
+    """``model`` and ``tokenizer`` saved to ``folder`` with ``save_pretrained``, every file readable as the rest of
+    the output is: transformers writes the weights through a private temporary file (mode 0600) while the files
+    beside them get the umask's mode, so a folder shared with a group, a container or a web server would miss its
+    weights. Each file it wrote at 0600 gets a new file's mode (0666 & ~umask)."""
+    import stat
+
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for entry in os.scandir(folder):
+        if entry.is_file() and stat.S_IMODE(entry.stat().st_mode) == 0o600:
+            os.chmod(entry.path, 0o666 & ~mask)
+
+
 def looks_local(spec: str) -> bool:
     """Whether a model spec names a local path rather than a Hugging Face Hub id: it exists, starts with ``./``,
     ``../``, ``/`` or ``~``, or its parent folder exists (``runs/meter`` when ``runs/`` does). Such a spec is never

@@ -48,9 +48,18 @@ def percent(rate: float) -> str:
     return "-" if math.isnan(rate) else f"{100 * rate:.1f}"
 
 
-def three_decimals(value: float) -> str:
-    """A score (an accuracy, a correlation, a calibration error) as a table prints it: three decimals; "-" for none."""
-    return "-" if math.isnan(value) else f"{value:.3f}"
+def three_decimals(value: float | None, missing: str = "-") -> str:
+    """A score (an accuracy, a correlation, a calibration error) as a table prints it: three decimals; ``missing``
+    for none (NaN or None: a correlation of constant readings, too few states)."""
+    return missing if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def spread(value: float, seeds: int, text: str) -> str:
+    """A statistic of the spread between seeds (a standard deviation, a power) as ``text``, or what it is without
+    one: "n/a (1 seed)" for a single seed, "-" for none otherwise."""
+    if not math.isnan(value):
+        return text
+    return "n/a (1 seed)" if seeds < 2 else "-"
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------------

@@ -201,6 +201,7 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
     from deltattg.data.tokens import resolve_step_tokens
     from deltattg.meter.commands import evaluate_meter
     from deltattg.meter.loading import load_meter
+    from deltattg.report import three_decimals
 
     check_out(args.json, args.data, args.cache, args.meter, args.reference, flag="--json")
     items = read_records(args.data, args.skip_invalid)
@@ -226,12 +227,14 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
         return EXIT_NO_READING
     results = {"meter": args.meter, "data": args.data, "trajectories": len(items), **fit.as_dict()}
     print(f"{args.meter} on {len(items)} trajectories of {args.data}: {fit.completion_accuracy:.1%} completion "
-          f"accuracy, Spearman {fit.spearman:.3f} of predicted vs true TTG ({len(fit.success)} states)")
+          f"accuracy, Spearman {three_decimals(fit.spearman, 'n/a')} of predicted vs true TTG ({len(fit.success)} "
+          "states)")
     if agree is not None:
         results["reference"] = {"meter": args.reference, **agree.as_dict()}
         print(f"against {args.reference}: b agrees on {agree.completion_agreement:.1%} of {agree.states} states "
-              f"(balanced accuracy {agree.b_balanced_accuracy:.3f} against its b, {agree.reference_completable} "
-              f"completable), Spearman {agree.ttg_spearman:.3f} of the two meters' TTG")
+              f"(balanced accuracy {three_decimals(agree.b_balanced_accuracy, 'n/a')} against its b, "
+              f"{agree.reference_completable} completable), Spearman {three_decimals(agree.ttg_spearman, 'n/a')} of "
+              "the two meters' TTG")
     if args.json:
         write_json(args.json, results)
     return 0

@@ -1,4 +1,5 @@
-"""``run_demo``: the household regime's stages (:mod:`deltattg.regime.stages`) chained and timed, then the demo's own:
+"""``run_demo``: one seed of the household regime, prepared and run by :mod:`deltattg.regime.seeds` (the benchmark's
+own seed orchestrator) and timed, then the demo's own stages:
 
     base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  out/actor
     trajectory pool (noisy experts, random, the base actor)         ->  out/pool.jsonl
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -19,12 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from deltattg.credit import CreditConfig
 from deltattg.credit.deltattg import RECOMMENDED
-from deltattg.data.jsonl import write_jsonl
-from deltattg.data.sources import Located, split_by_task
+from deltattg.data.sources import Located
 from deltattg.data.trajectory import MeterOutput, Trajectory
 from deltattg.guidance import GuidanceRow, compare_guidance
 from deltattg.inspection import CreditArm, Inspection, inspect_credit
@@ -32,18 +31,8 @@ from deltattg.meter.fit import Agreement, MeterFit, agreement_of, fit_of
 from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.oracle import OracleMeter
 from deltattg.regime.config import RegimeConfig
-from deltattg.regime.stages import (
-    BaseActor,
-    World,
-    base_actor,
-    build_world,
-    collect_pool,
-    policy_success,
-    process_settings,
-    train_arms,
-    train_meter,
-    trainer_settings,
-)
+from deltattg.regime.seeds import meter_folder, meters_read, prepare_seed, run_arms
+from deltattg.regime.stages import Arm, BaseActor, World, policy_success, process_settings
 from deltattg.rollout.engine import run_episodes
 from deltattg.train.actor import torch_device
 
@@ -77,8 +66,7 @@ def credit_inspection(config: RegimeConfig, world: World, actor: BaseActor, mete
     if household:
         exact = read_states(OracleMeter(actor.tokenizer), rollouts)[0]
         arms.append(CreditArm("DeltaTTG (oracle meter)", "deltattg", [with_readings(t, r) for t, r in zip(rollouts, exact)]))
-    credit = CreditConfig(rho=config.rho, cap=config.cap, failure_cost=config.failure_cost)
-    return inspect_credit(arms, credit, env="household" if household else None), learned
+    return inspect_credit(arms, config.credit, env="household" if household else None), learned
 
 
 # ---- the whole demo --------------------------------------------------------------------------------------------------
@@ -109,43 +97,31 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 
 def run_demo(config: RegimeConfig, out: str | Path, *, guidance: bool = True) -> DemoResult:
-    """Every stage (without stage 5 unless ``guidance``); outputs under ``out`` (the report is written by
-    :func:`deltattg.demo.report.write_report`)."""
+    """Every stage (without stage 5 unless ``guidance``); outputs under ``out``, prepared and run as one seed of the
+    regime (:mod:`deltattg.regime.seeds`: what is there and made as it would be made now is reused, what was made
+    otherwise is replaced — the folder is the demo's own output); the report is written by
+    :func:`deltattg.demo.report.write_report`."""
     with process_settings(config.threads):
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         result = DemoResult(config, out)
         timings = result.timings
-        world = build_world(config)
-
-        with stage("1 base actor (behaviour cloning)" if config.is_tiny else "1 base actor", timings):
-            actor = result.actor = base_actor(config, world, out / "actor")
-        with stage("2 trajectory pool", timings):
-            pool = collect_pool(config, world, actor)
-            write_jsonl(out / "pool.jsonl", (without_rollout_detail(t).to_json() for t in pool))
-            result.pool = policy_success(pool)
-            train_pool, heldout_pool = split_by_task(pool, config.heldout_fraction, config.seed)
-        with stage("3 progress meter", timings):
-            result.meter_report = train_meter(config, train_pool, actor.tokenizer, out / "meter", heldout_pool)
-            meter = load_meter(out / "meter", device=torch_device("auto"))
-            readings = read_states(meter, heldout_pool)[0]
-            result.fit = fit_of(heldout_pool, readings)
-            if config.env == "household":  # the planner reads the same states: does the meter read progress?
-                planner = read_states(OracleMeter(actor.tokenizer), heldout_pool)[0]
-                result.oracle_agreement = agreement_of(readings, planner)
+        read = meters_read([Arm.parse(spec) for spec in config.arms])
+        prepared = prepare_seed(config, out, replace(read, learned=max(read.learned, 1)), replace=True,
+                                need_pool=True, stage=lambda name: stage(name, timings))  # fmt: skip
+        actor, world, heldout_pool = prepared.actor, prepared.world, prepared.heldout_pool
+        result.actor = actor
+        result.pool = policy_success(prepared.pool)
+        result.meter_report = json.loads((out / meter_folder(0) / "train_report.json").read_text())
+        meter = load_meter(out / meter_folder(0), device=torch_device("auto"))
+        readings = read_states(meter, heldout_pool)[0]
+        result.fit = fit_of(heldout_pool, readings)
+        if config.env == "household":  # the planner reads the same states: does the meter read progress?
+            planner = read_states(OracleMeter(actor.tokenizer), heldout_pool)[0]
+            result.oracle_agreement = agreement_of(readings, planner)
         with stage("4 RL: " + ", ".join(config.arms), timings):
-            settings_file = out / "train.yaml"
-            settings_file.write_text(yaml.safe_dump(trainer_settings(config, actor.spec, world.prompt.layout),
-                                                    sort_keys=False))  # fmt: skip
-            result.runs = train_arms(config, settings_file, out / "meter", out)
+            result.runs = run_arms(config, out, replace=True)
         if guidance:
             with stage("5 guidance and credit example", timings):
                 result.guidance = guidance_rows(config, world, actor, meter)
                 result.credit, result.credit_items = credit_inspection(config, world, actor, meter)
     return result
-
-
-def without_rollout_detail(trajectory: Trajectory) -> Trajectory:
-    """The trajectory without per-step prompt ids (rebuilt from the messages when needed; keeps the pool file small)."""
-    steps = [replace(step, prompt_ids=None) for step in trajectory.steps or []]
-    return replace(trajectory, steps=steps or None)

@@ -294,7 +294,8 @@ def write_report(result: DemoResult) -> Path:
         f"![per-step credit]({CREDIT_DIR}/inspect.png)",
         "## 5. RL: GRPO, DeltaTTG and robust DeltaTTG",
         f"{config.steps} steps each, {config.batch_size} tasks × G = {config.group_size} rollouts per step, lr "
-        f"{config.lr:g}, C = {config.failure_cost:g}, ρ = {config.rho:g}, M = {config.cap:g}; held-out evaluation on "
+        f"{config.optim.lr:g}, C = {config.credit.failure_cost:g}, ρ = {config.credit.rho:g}, M = "
+        f"{config.credit.cap:g}; held-out evaluation on "
         f"{config.eval_tasks} `{config.eval_split}` tasks every {config.eval_every} steps. One seed: the gap between "
         "arms in one run is mostly noise; `bench/bench_train.py` runs the same arms over paired seeds with "
         "confidence intervals (docs/benchmarks.md#the-household-rl-regime). Runs: " + ", ".join(f"`{a}/`" for a in result.runs) + ".",

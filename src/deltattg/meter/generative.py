@@ -214,8 +214,9 @@ class GenerativeMeter:
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Model and tokenizer via ``save_pretrained``, plus ``meter_config.json``."""
         os.makedirs(directory, exist_ok=True)
-        self.model.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
+        from deltattg.hf import save_model
+
+        save_model(self.model, self.tokenizer, directory)
         self.save_config(directory)
 
     def save_config(self, directory: str | os.PathLike) -> None:

@@ -34,6 +34,7 @@ from deltattg.data.trajectory import (
     assistant_indices,
     calibrated_probability,
 )
+from deltattg.hf import save_model
 from deltattg.meter.features import cached_features
 from deltattg.meter.prompt import serialize_message, shorten, turns_left_note
 from deltattg.settings import setting
@@ -305,8 +306,7 @@ class RegressionMeter(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         config = asdict(self.config)
         if include_backbone:
-            self.backbone.save_pretrained(directory / BACKBONE_DIR)
-            self.tokenizer.save_pretrained(directory / BACKBONE_DIR)
+            save_model(self.backbone, self.tokenizer, directory / BACKBONE_DIR)
             config["backbone"] = BACKBONE_DIR
         torch.save(self.head.state_dict(), directory / HEAD_NAME)
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")

@@ -17,6 +17,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltattg.credit import CreditConfig
+from deltattg.loss import LossConfig
+from deltattg.train.config import OptimConfig
+
 TINY = "tiny"
 ACTOR_IN_POOL = "actor"  # the behaviour-cloned base actor (lm:<its folder>), in the pool and as the label completer; its
 # trajectories are named "actor/TASK#k" wherever the run folder lives
@@ -93,19 +97,23 @@ class RegimeConfig:
     generative_batch_size: int = 8
     generative_lr: float = 1e-5  # D.2
 
-    # ---- RL: every arm (``pipeline.Arm`` specs) from the same init, seed and budget (household-tiny preset) ----
+    # ---- RL: every arm (``stages.Arm`` specs) from the same init, seed and budget; the trainer's credit, loss and
+    # optimiser sections as they are (``deltattg train``'s own dataclasses: every field the runs read is here) ----
     arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg_robust")
     steps: int = 80
     batch_size: int = 8  # tasks per step
     group_size: int = 8  # rollouts per task (G)
-    lr: float = 1.5e-4  # 3e-4 collapsed to 0 % success (2 of 2 seeds); 1e-4 and 2e-4 rose by < 10 points in 60 steps
-    kl_coef: float = 0.0  # no π_ref pass: one forward pass less per step
-    entropy_coef: float = 0.001
-    mini_batch_size: int = 64
-    micro_batch_size: int = 64
-    failure_cost: float = 256.0  # C > max_turns × max_new_tokens, above every Token-to-Go
-    rho: float = 0.2
-    cap: float = 5.0
+    credit: CreditConfig = field(default_factory=lambda: CreditConfig(
+        rho=0.2, cap=5.0,
+        failure_cost=256.0))  # C > max_turns × max_new_tokens, above every Token-to-Go
+    loss: LossConfig = field(default_factory=lambda: LossConfig(
+        clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+        kl_coef=0.0,  # no π_ref pass: one forward pass less per step
+        entropy_coef=0.001))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(
+        lr=1.5e-4,  # 3e-4 collapsed to 0 % success (2 of 2 seeds); 1e-4 and 2e-4 rose by < 10 points in 60 steps
+        weight_decay=0.01, max_grad_norm=1.0, mini_batch_size=64, micro_batch_size=64,
+        recompute_old_logprobs=False))  # the sampler's log-probs are θ_old's own: one forward pass less per step
 
     # ---- evaluation (held-out tasks) and test-time guidance (E.5) ----
     eval_every: int = 10
@@ -132,7 +140,35 @@ class RegimeConfig:
         return {name: getattr(self, name) for name in PREPARATION_FIELDS}
 
     def replace(self, **changes: Any) -> RegimeConfig:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``: field names, or ``SECTION.FIELD`` for a field of a nested section
+        (``optim.lr``, ``loss.kl_coef``, ``credit.failure_cost``)."""
+        nested: dict[str, dict[str, Any]] = {}
+        flat = {}
+        for key, value in changes.items():
+            section, dot, name = key.partition(".")
+            if dot:
+                nested.setdefault(section, {})[name] = value
+            else:
+                flat[key] = value
+        for section, values in nested.items():
+            inner = flat.get(section, getattr(self, section))
+            if not dataclasses.is_dataclass(inner):
+                raise ValueError(f"{section}: not a section of the regime's settings")
+            flat[section] = dataclasses.replace(inner, **values)
+        return dataclasses.replace(self, **flat)
+
+
+def setting_type(key: str) -> Any:
+    """The type of the regime's setting ``key`` (``FIELD`` or ``SECTION.FIELD``), None when there is no such field."""
+    import typing
+
+    owner: Any = RegimeConfig
+    *sections, name = key.split(".")
+    for section in sections:
+        owner = typing.get_type_hints(owner).get(section)
+        if owner is None or not dataclasses.is_dataclass(owner):
+            return None
+    return typing.get_type_hints(owner).get(name)
 
 
 PREPARATION_FIELDS: tuple[str, ...] = tuple(
@@ -164,13 +200,13 @@ PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, th
     "history_window": 2,
     "max_prompt_tokens": None,
     "max_new_tokens": 32,
-    "lr": 1e-6,
-    "kl_coef": 0.01,
-    "failure_cost": 2048.0,
+    "optim.lr": 1e-6,
+    "loss.kl_coef": 0.01,
+    "credit.failure_cost": 2048.0,
     "steps": 5,
     "batch_size": 2,
     "group_size": 4,
-    "micro_batch_size": 4,
+    "optim.micro_batch_size": 4,
     "eval_every": 5,
     "eval_tasks": 10,
     "test_tasks": 10,
@@ -185,7 +221,7 @@ ALFWORLD: dict[str, Any] = {  # the real benchmark (Table 4 turns are 50; fewer 
     "env_options": {},
     "max_turns": 20,
     "max_new_tokens": 96,
-    "failure_cost": 16384.0,
+    "credit.failure_cost": 16384.0,
 }
 
 

@@ -1,11 +1,12 @@
-"""The household regime's stages, each a function over plain data: what ``deltattg demo`` chains and
-``bench/bench_train.py`` runs per seed.
+"""The household regime's stages, each a function over plain data; :mod:`deltattg.regime.seeds` chains them into one
+seed's preparation and runs, for ``deltattg demo`` and ``bench/bench_train.py`` alike.
 
-    base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  FOLDER/actor
-    trajectory pool (noisy experts, random, the base actor)         ->  pool
-    regression meter on the pool's training tasks                  ->  FOLDER/meter
-    generative meter on a sample of them (arms ``@generative``)     ->  FOLDER/meter-generative
-    RL arms (``Arm`` specs: GRPO, DeltaTTG, ...) from the same actor ->  FOLDER/<arm> (metrics.jsonl, ...)
+    base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  SEED/actor
+    trajectory pool (noisy experts, random, the base actor)         ->  SEED/pool.jsonl
+    labels of the pool from a source (arms ``@best-of-k``, ...)    ->  SEED/labels-SOURCE.jsonl
+    regression meters on the pool's training tasks                 ->  SEED/meter, SEED/meter-SOURCE
+    generative meter on a sample of them (arms ``@generative``)     ->  SEED/meter-generative
+    the trainer settings every RL arm (``Arm`` specs) shares        ->  SEED/train.yaml
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import contextlib
 import dataclasses
 import json
 import random
-import shutil
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from deltattg.data.tokens import count_step_tokens
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment, Task
+from deltattg.hf import save_model
 from deltattg.data.labels import LABEL_SOURCES, REPLAYED_SOURCES, LabelSettings, StateLabel
 from deltattg.meter.commands import calibrate_meter, completion_targets
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
@@ -35,12 +35,11 @@ from deltattg.rollout.collect import PolicySpec, build_policy, collect, parse_po
 from deltattg.rollout.policies import LMPolicy, SamplingConfig
 from deltattg.rollout.prompts import PromptConfig
 from deltattg.tiny import tiny_llama
-from deltattg.train import behaviour_clone, demonstrations, env_factory, load_actor, resolve, train
+from deltattg.train import behaviour_clone, demonstrations, env_factory, load_actor
 from deltattg.train.actor import torch_device
 from deltattg.train.config import ActorConfig, EnvConfig
 from deltattg.train.trainer import mean
 
-PRESET = "household-tiny"  # the trainer preset under the demo's settings (the demo sets every field it relies on)
 GENERATIVE_METER = "meter-generative"  # a seed's generative meter, beside its regression meter ``meter``
 
 
@@ -132,8 +131,7 @@ def base_actor(config: RegimeConfig, world: World, folder: Path) -> BaseActor:
     actor.clone_losses = behaviour_clone(model, tokenizer, successful, lr=config.clone_lr, epochs=config.clone_epochs,
                                          batch_size=config.clone_batch_size, seed=config.seed)  # fmt: skip
     actor.demonstrations = len(successful)
-    model.eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_model(model.eval(), tokenizer, folder)
     return actor
 
 
@@ -271,8 +269,9 @@ def train_generative_meter(config: RegimeConfig, trajectories: Sequence[Trajecto
 
 # ---- stage 4: RL with GRPO and DeltaTTG ------------------------------------------------------------------------------
 def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict:
-    """The trainer's settings shared by both methods (written to ``train.yaml``; ``deltattg train --config`` reads
-    it): same actor, seed, tasks, budget and evaluation."""
+    """The trainer's settings every arm shares (written to ``train.yaml``; ``deltattg train --config`` reads it):
+    same actor, seed, tasks, budget, evaluation, credit, loss and optimiser — every setting the runs read comes from
+    ``config`` (or the trainer's dataclass defaults), none from a preset."""
     return {
         "actor": {"model": actor_spec},
         "env": dataclasses.asdict(env_config(config)),
@@ -280,10 +279,9 @@ def trainer_settings(config: RegimeConfig, actor_spec: str, layout: str) -> dict
                     "max_new_tokens": config.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
                     "max_prompt_tokens": config.max_prompt_tokens, "prompt_layout": layout,
                     "history_window": config.history_window},
-        "credit": {"rho": config.rho, "cap": config.cap, "failure_cost": config.failure_cost},
-        "loss": {"kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef},
-        "optim": {"lr": config.lr, "mini_batch_size": config.mini_batch_size,
-                  "micro_batch_size": config.micro_batch_size},
+        "credit": dataclasses.asdict(config.credit),
+        "loss": dataclasses.asdict(config.loss),
+        "optim": dataclasses.asdict(config.optim),
         "eval": {"every": config.eval_every, "num_tasks": config.eval_tasks, "greedy": True, "sampled": config.eval_sampled,
                  "at_start": True, "test_split": config.test_split, "test_tasks": config.test_tasks},
         "run": {"steps": config.steps, "seed": config.seed, "save_every": config.steps, "keep_checkpoints": 1,
@@ -400,33 +398,3 @@ def parse_credit_options(spec: str, text: str) -> tuple[tuple[str, str], ...]:
 def setting_path(key: str) -> str:
     """An arm setting's trainer path: ``KEY`` is a credit setting, ``SECTION.KEY`` any other."""
     return key if "." in key else f"credit.{key}"
-
-
-def train_arm(arm: Arm, settings_file: Path, meter_dir: Path, out: Path) -> list[dict]:
-    """One arm's run in ``out/<arm folder>`` (a fresh folder: the checkpoints of an earlier, longer run there would
-    outlive this one's); returns its metrics records."""
-    folder = out / arm.folder
-    shutil.rmtree(folder, ignore_errors=True)
-    print(f"[demo]   {arm.name} -> {folder}", file=sys.stderr, flush=True)
-    return train(resolve(PRESET, settings_file, [*arm.overrides(meter_dir), f"run.out={folder}", "run.progress=false"]))
-
-
-def train_arm_in_process(arm: Arm, settings_file: Path, meter_dir: Path, out: Path, threads: int) -> list[dict]:
-    """``train_arm`` in a worker process, under the demo's process settings."""
-    with process_settings(threads):
-        return train_arm(arm, settings_file, meter_dir, out)
-
-
-def train_arms(config: RegimeConfig, settings_file: Path, meter_dir: Path, out: Path) -> dict[str, list[dict]]:
-    """Every arm from the same settings, ``config.jobs`` at a time in their own processes (one torch thread each:
-    tiny models gain more from two processes than from two threads)."""
-    arms = [Arm.parse(spec) for spec in config.arms]
-    if config.jobs <= 1:
-        return {arm.name: train_arm(arm, settings_file, meter_dir, out) for arm in arms}
-    import concurrent.futures
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(config.jobs, mp_context=context) as pool:
-        runs = pool.map(train_arm_in_process, arms, *zip(*[(settings_file, meter_dir, out, config.threads)] * len(arms)))
-        return {arm.name: records for arm, records in zip(arms, runs)}

@@ -30,6 +30,7 @@ import torch
 
 from deltattg.data.pt_files import CheckpointError, first_sentence, safe_load
 from deltattg.errors import InputError
+from deltattg.hf import save_model
 
 CHECKPOINTS = "checkpoints"
 ACTOR = "actor"
@@ -89,8 +90,7 @@ def save_checkpoint(
     partial = final.with_name(f".{final.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    model.save_pretrained(partial / ACTOR)
-    tokenizer.save_pretrained(partial / ACTOR)
+    save_model(model, tokenizer, partial / ACTOR)
     torch.save(optimizer.state_dict(), partial / OPTIMIZER)
     plain = {**state, "metrics": json.loads(json.dumps(state["metrics"]))}  # plain floats, whatever the records held
     torch.save({**plain, "rng": rng_state()}, partial / STATE)
