@@ -100,16 +100,18 @@ from deltattg.regime.stages import (
 )
 from deltattg.data.jsonl import atomic_output
 from deltattg.report import markdown_table, percent, spread, three_decimals
+from deltattg.settings import setting_default, setting_help
 from deltattg.summaries import machine_text
 from deltattg.train import read_metrics, resolve, train
 
+RUN_LENGTH = ("steps", "eval_every", "eval_tasks")  # RegimeConfig fields the command line sets directly
 DEFAULT_ARMS = ("grpo", "deltattg", "deltattg@oracle", "deltattg@oracle:0.5:0.1", "deltattg@oracle:1:0.2")
 
 
 # ---- running -------------------------------------------------------------------------------------------------------
 def seed_config(args: argparse.Namespace, seed: int) -> RegimeConfig:
     config = regime_config(quick=args.quick, seed=seed, threads=1, budget=False)
-    given = {"steps": args.steps, "eval_every": args.eval_every, "eval_tasks": args.eval_tasks}
+    given = {name: getattr(args, name) for name in RUN_LENGTH}
     return config.replace(**{k: v for k, v in given.items() if v is not None}, **{k: v for k, v in args.set})
 
 
@@ -593,13 +595,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
                         help="arm specs (module doc); grpo, the reference, is added when missing")
     parser.add_argument("--seeds", type=count(0), nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=count(1), help="training steps per run (default: the regime's, 80)")
-    parser.add_argument("--eval-every", type=count(1), help="steps between evaluations (default: the regime's, 10)")
-    parser.add_argument("--eval-tasks", type=count(1), help="held-out tasks per evaluation (default: the regime's, 200)")
+    for name in RUN_LENGTH:  # flags of RegimeConfig's fields, their help and default from the field
+        parser.add_argument(f"--{name.replace('_', '-')}", type=count(1), help=f"{setting_help(RegimeConfig, name)} "
+                            f"(default: the regime's, {setting_default(RegimeConfig, name)})")
     parser.add_argument("--jobs", type=count(1), default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
-                        help="change one RegimeConfig setting: FIELD=VALUE or SECTION.FIELD=VALUE (typed as the field; YAML for lists and mappings), e.g. --set optim.lr=1e-4 or --set steps=40; repeatable")
+                        help="change one RegimeConfig setting: FIELD=VALUE or SECTION.FIELD=VALUE (typed as the "
+                        "field; YAML for lists and mappings), e.g. --set optim.lr=1e-4; repeatable")
     parser.add_argument("--report-only", action="store_true", help="only redraw from the runs under --out")
     parser.add_argument("--archive", type=Path, metavar="DIR",
                         help="also copy what the report reads of each finished run (seed settings, stamps, metrics; "

@@ -77,6 +77,17 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in bench_train.json"))  # bounds are ∞)
 
 
+def test_a_one_seed_table_says_why_it_has_no_spread(tmp_path, bench_train):
+    """One seed has no standard deviation and no power: the test table says "n/a (1 seed)", never "nan"."""
+    write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0], test=0.4)
+    write_run(tmp_path / "seed-0" / "gigpo", [0.2, 0.5, 0.6], [1.0], test=0.5)
+    bench_train.main(["--arms", "gigpo", "--seeds", "0", "--out", str(tmp_path), "--report-only"])
+    table = (tmp_path / "bench_train.md").read_text()
+    row = next(line for line in table.split("## Final success on the test split")[1].splitlines()
+               if line.startswith("| gigpo"))
+    assert row.count("n/a (1 seed)") == 2 and "nan" not in table
+
+
 def test_report_refuses_runs_of_different_revisions_unless_told(tmp_path, bench_train, capsys):
     write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0], code="old")
     write_run(tmp_path / "seed-0" / "deltattg-oracle", [0.2, 0.5, 0.6], [1.0], code="new")

@@ -19,6 +19,7 @@ from typing import Any
 
 from deltattg.credit import CreditConfig
 from deltattg.loss import LossConfig
+from deltattg.settings import setting
 from deltattg.train.config import OptimConfig
 
 TINY = "tiny"
@@ -100,7 +101,7 @@ class RegimeConfig:
     # ---- RL: every arm (``stages.Arm`` specs) from the same init, seed and budget; the trainer's credit, loss and
     # optimiser sections as they are (``deltattg train``'s own dataclasses: every field the runs read is here) ----
     arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg_robust")
-    steps: int = 80
+    steps: int = setting(80, "training steps per run")
     batch_size: int = 8  # tasks per step
     group_size: int = 8  # rollouts per task (G)
     credit: CreditConfig = field(default_factory=lambda: CreditConfig(
@@ -116,8 +117,9 @@ class RegimeConfig:
         recompute_old_logprobs=False))  # the sampler's log-probs are θ_old's own: one forward pass less per step
 
     # ---- evaluation (held-out tasks) and test-time guidance (E.5) ----
-    eval_every: int = 10
-    eval_tasks: int = 200  # deduplicated against the training tasks: binomial SE <= 3.5 points
+    eval_every: int = setting(10, "steps between held-out evaluations")
+    eval_tasks: int = setting(200, "held-out tasks per evaluation (deduplicated against the training tasks: "
+                              "binomial SE <= 3.5 points)")
     eval_sampled: bool = False  # also evaluate at temperature 1 (greedy always)
     test_split: str | None = "test"  # greedy success after the last step on a split no setting was chosen on
     test_tasks: int = 1000  # of it (the benchmark reports these; the curves stay on eval_split)
