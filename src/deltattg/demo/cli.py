@@ -42,8 +42,9 @@ files (--data or $ALFWORLD_DATA); it does not fit 10 minutes.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny everything (< 2 minutes): a CI check that every "
                         "stage runs and the full report is written; the numbers mean nothing")  # fmt: skip
-    parser.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (default: runs/demo); the "
-                        "demo's own files and folders in it are replaced")  # fmt: skip
+    parser.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (default: runs/demo), one seed "
+                        "of the regime as bench/bench_train.py lays it out: a rerun reuses what was made as it would "
+                        "be made now and replaces the demo's own files that were made otherwise")  # fmt: skip
     parser.add_argument("--model", metavar="SPEC", help="actor: HF id or path, 'smollm2', DIR::FILE.gguf (default: a "
                         "tiny word-level Llama, behaviour-cloned; smollm2 on alfworld)")  # fmt: skip
     parser.add_argument("--env", choices=["household", "alfworld"], default="household",
