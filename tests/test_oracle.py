@@ -186,7 +186,7 @@ def test_records_that_do_not_replay_are_refused_with_file_and_line(tmp_path, tok
         err = capsys.readouterr().err
         assert code == 2 and f"{path}:2: {field}:" in err and not out.exists(), err
     for args, message in ((["--meter", "oracle"], "--tokenizer"),
-                          (["--meter", str(tmp_path), "--oracle-noise", "0.3"], "--meter oracle"),
+                          (["--meter", str(tmp_path / "meter"), "--oracle-noise", "0.3"], "--meter oracle"),
                           (["--meter", "oracle", "--tokenizer", str(tokenizer_dir), "--oracle-flip", "2"], "flip")):
         with pytest.raises(SystemExit) as exit_info:
             main(["score", str(pool), "--out", str(tmp_path / "o.jsonl"), *args])

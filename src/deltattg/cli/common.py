@@ -439,8 +439,7 @@ def _completer(settings: Any, make_env: Any):
 def _bootstrap(meter_path: str, tokenizer: str | None, items: Sequence):
     """td's reader of the meter at ``meter_path`` (``rollout.label_sources.meter_bootstrap``), refused where it was
     trained for another turn limit than ``items`` were played under."""
-    from deltattg.meter.loading import load_meter
-    from deltattg.rollout.label_sources import meter_bootstrap
+    from deltattg.meter.loading import load_meter, meter_bootstrap
 
     try:
         meter = load_meter(meter_path, tokenizer=tokenizer)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -307,3 +307,15 @@ def read_states(
             readings[i] = [scored[prefix_hash(h)] for h in prefixes[i]]
     stats.invalid = sum(r is None for row in readings.values() for r in row)
     return [readings.get(i, [None] * len(p)) for i, p in enumerate(prefixes)], stats
+
+
+def meter_bootstrap(meter: Any) -> Callable[[Sequence[Trajectory]], list[list[tuple[float, float | None] | None]]]:
+    """``td``'s reader: ``meter``'s (p̂, v̂) of every state s_0..s_T of trajectories (p̂: its calibrated probability
+    where it gives one, else its b̂), None for an invalid reading."""
+    def read(trajectories: Sequence[Trajectory]) -> list[list[tuple[float, float | None] | None]]:
+        rows, _ = read_states(meter, list(trajectories), terminal=True)
+        return [[None if r is None or r.can_complete is None else
+                 (r.probability if r.probability is not None else float(r.can_complete), r.tokens_to_go)
+                 for r in row] for row in rows]  # fmt: skip
+
+    return read

@@ -225,7 +225,7 @@ def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequ
     killed): completions by the completer with the regime's prompt and sampling; ``td`` reads ``bootstrap_meter``."""
     from deltattg.data.sources import Located
     from deltattg.data.tokens import ActionTokens
-    from deltattg.rollout.label_sources import make_labels, meter_bootstrap
+    from deltattg.rollout.label_sources import make_labels
 
     def completer():
         if settings.completer == ACTOR_IN_POOL:
@@ -237,7 +237,7 @@ def pool_labels(config: RegimeConfig, world: World, actor: BaseActor, pool: Sequ
 
     bootstrap = None
     if settings.source == "td":
-        from deltattg.meter.loading import load_meter
+        from deltattg.meter.loading import load_meter, meter_bootstrap
 
         bootstrap = meter_bootstrap(load_meter(bootstrap_meter))
     items = [Located("the regime's pool", k + 1, trajectory, {}) for k, trajectory in enumerate(pool)]

@@ -338,20 +338,6 @@ def _make_labels(items: Sequence[Located], step_tokens: Sequence[Sequence[int]],
     return labels, report
 
 
-def meter_bootstrap(meter: Any) -> Callable[[Sequence[Trajectory]], list[list[tuple[float, float | None] | None]]]:
-    """``td``'s reader: ``meter``'s (p̂, v̂) of every state s_0..s_T of trajectories (p̂: its calibrated probability
-    where it gives one, else its b̂), None for an invalid reading."""
-    from deltattg.meter.loading import read_states
-
-    def read(trajectories: Sequence[Trajectory]) -> list[list[tuple[float, float | None] | None]]:
-        rows, _ = read_states(meter, list(trajectories), terminal=True)
-        return [[None if r is None or r.can_complete is None else
-                 (r.probability if r.probability is not None else float(r.can_complete), r.tokens_to_go)
-                 for r in row] for row in rows]  # fmt: skip
-
-    return read
-
-
 def check_some_replayed(report: LabelReport, first: Located) -> None:
     """Refuse (``InputError`` naming the pool) a run in which not one completed state has replayed so far: the
     records were played in another environment than the one rebuilt (a ``--short`` pool read without ``--short``,
