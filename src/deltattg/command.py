@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -73,30 +72,23 @@ def turn_limit(text: str) -> int | str | None:
 
 @contextlib.contextmanager
 def library_bars(shown: bool) -> Iterator[None]:
-    """While a command runs with ``--no-progress`` (``shown`` false), the HF libraries draw no progress bars either
-    (transformers' "Loading weights", the Hub's): through their switch where transformers is already imported, else
-    through the environment variable it reads on import; both are put back afterwards."""
+    """While a command runs with ``--no-progress`` (``shown`` false), transformers draws no progress bars either (its
+    "Loading weights"); its switch is put back afterwards. Without transformers installed there is nothing to
+    switch."""
     if shown:
         yield
         return
-    imported = "transformers" in sys.modules
-    before = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    if imported:
+    try:
         from transformers.utils import logging as hf_logging
-
-        was_enabled = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
+    except ImportError:
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
-        else:
-            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = before
-        if "transformers" in sys.modules and (not imported or was_enabled):
-            from transformers.utils import logging as hf_logging
-
+        if was_enabled:
             hf_logging.enable_progress_bar()
 
 
