@@ -179,7 +179,8 @@ def add_meter_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--meter", required=True, help="a trained meter folder, a model spec (untrained generative "
                    "meter), an OpenAI-compatible endpoint URL (vLLM / SGLang: http://HOST:8000/v1; /v1 is added "
                    "when missing), 'oracle' (household rollouts only: the planner's exact reading of each "
-                   "state, tokens counted with --tokenizer), or several folders joined by commas (a pessimistic "
+                   "state, tokens counted with --tokenizer), 'belief' (household: the planner's reading averaged over the "
+                   "worlds the history allows; docs/concepts/meter.md), or several folders joined by commas (a pessimistic "
                    "ensemble: p̃ = mean − spread of theirs)")
     p.add_argument("--meter-model", help="with an endpoint URL: the served model's name")
     p.add_argument("--meter-timeout", type=positive_float, default=60.0, metavar="SECONDS",
@@ -204,7 +205,7 @@ def add_meter_source(p: argparse.ArgumentParser) -> None:
 
 
 def meter_of(args: argparse.Namespace):
-    from deltattg.meter.loading import load_meter
+    from deltattg.meter.loading import PLANNER_METERS, load_meter
     from deltattg.meter.oracle import ORACLE, OracleConfig
 
     dials = (args.oracle_noise, args.oracle_flip, args.oracle_false_negative, args.oracle_missed_failure)
@@ -214,8 +215,9 @@ def meter_of(args: argparse.Namespace):
     try:
         oracle = OracleConfig(noise=args.oracle_noise, flip=args.oracle_flip, seed=args.oracle_seed,
                               false_negative=args.oracle_false_negative, missed_failure=args.oracle_missed_failure)
-        if args.meter == ORACLE and getattr(args, "tokenizer", None) is None:
-            raise ValueError("--meter oracle counts Token-to-Go with --tokenizer NAME_OR_PATH (the one `labels` uses)")
+        if args.meter in PLANNER_METERS and getattr(args, "tokenizer", None) is None:
+            raise ValueError(f"--meter {args.meter} counts Token-to-Go with --tokenizer NAME_OR_PATH (the one `labels` "
+                             "uses)")
         return load_meter(args.meter, endpoint_model=args.meter_model, cache=args.cache, per_prefix=args.per_prefix,
                           endpoint_timeout_s=getattr(args, "meter_timeout", 60.0),
                           tokenizer=getattr(args, "tokenizer", None), oracle=oracle)

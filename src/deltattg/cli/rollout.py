@@ -92,13 +92,13 @@ def cmd_guide(args: argparse.Namespace) -> int:
     from deltattg.guidance import compare_guidance, guidance_header, guidance_row
     from deltattg.report import text_table
     from deltattg.meter.loading import check_meter_turn_limit
-    from deltattg.meter.oracle import ORACLE
+    from deltattg.meter.loading import PLANNER_METERS
     from deltattg.rollout.collect import build_policy, check_episodes, choose_tasks, parse_policy
     from deltattg.rollout.policies import SamplingConfig
     from deltattg.rollout.prompts import PromptConfig
 
-    if args.meter == ORACLE and args.env != "household":
-        raise UsageError("--meter oracle reads the household planner: use it with --env household")
+    if args.meter in PLANNER_METERS and args.env != "household":
+        raise UsageError(f"--meter {args.meter} reads the household planner: use it with --env household")
     check_out(args.json, args.cache, args.meter, flag="--json")
     split = args.split or DEFAULT_SPLIT[args.env]
     try:

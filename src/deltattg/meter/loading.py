@@ -194,6 +194,26 @@ def check_meter_folder(folder: Path, kind: str | None) -> None:
     raise InputError(f"{what}: no {' and no '.join(missing)}{hint}", path=str(folder))
 
 
+PLANNER_METERS = ("oracle", "belief")
+"""Built-in meters that replay the household planner: the true world (``meter.oracle``) and the worlds the history
+allows (``meter.belief``)."""
+
+
+def planner_meter(spec: str, tokenizer: Any, oracle: Any = None) -> Meter:
+    """The oracle or the belief reference (``PLANNER_METERS``); ``tokenizer`` (an object or spec) counts their tokens,
+    ``oracle`` is the oracle's ``OracleConfig``."""
+    from deltattg.meter.belief import BeliefMeter
+    from deltattg.meter.oracle import OracleConfig, OracleMeter
+
+    if tokenizer is None:
+        raise ValueError(f"the {spec} meter counts Token-to-Go with a tokenizer: pass --tokenizer")
+    if isinstance(tokenizer, str):
+        from deltattg.hf import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    return OracleMeter(tokenizer, oracle or OracleConfig()) if spec == "oracle" else BeliefMeter(tokenizer)
+
+
 def load_meter(
     spec: str | Path,
     *,
@@ -208,8 +228,8 @@ def load_meter(
     per_prefix: bool = False,
 ) -> Meter:
     """A ready-to-read meter from a folder, a model spec, an ``http(s)://`` endpoint (``endpoint_model`` names
-    the served model, ``endpoint_timeout_s`` the deadline of one reading, retries included) or ``oracle`` (the
-    household planner; ``tokenizer``, an object or spec, counts its tokens; ``oracle`` is its ``OracleConfig``);
+    the served model, ``endpoint_timeout_s`` the deadline of one reading, retries included) ``oracle`` (the
+    household planner) or ``belief`` (the planner over the worlds the history allows; ``tokenizer``, an object or spec, counts its tokens; ``oracle`` is its ``OracleConfig``);
     ``readout`` is the generative meter's (answer / logit / both; default: the one saved with it, else answer);
     ``cache`` a SQLite file; ``turn_limit`` the turn
     limit an endpoint's meter was trained under (a saved meter keeps its own); ``per_prefix`` makes an in-process
@@ -227,16 +247,8 @@ def load_meter(
                               per_prefix=per_prefix)
                    for part in spec.split(",") if part]  # fmt: skip
         return MeterEnsemble(members)
-    if spec == "oracle":
-        from deltattg.meter.oracle import OracleConfig, OracleMeter
-
-        if tokenizer is None:
-            raise ValueError("the oracle meter counts Token-to-Go with a tokenizer: pass --tokenizer")
-        if isinstance(tokenizer, str):
-            from deltattg.hf import load_tokenizer
-
-            tokenizer = load_tokenizer(tokenizer)
-        return OracleMeter(tokenizer, oracle or OracleConfig())
+    if spec in PLANNER_METERS:
+        return planner_meter(spec, tokenizer, oracle)
     if spec.startswith(("http://", "https://")):
         from deltattg.meter.endpoint import EndpointMeter
 

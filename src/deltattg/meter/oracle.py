@@ -31,6 +31,7 @@ import numpy as np
 from deltattg.data.tokens import ActionTokens
 from deltattg.data.trajectory import MAX_TOKENS_TO_GO, MeterOutput, Trajectory
 from deltattg.envs.household.progress import ExpertPaths, replay
+from deltattg.envs.household.world import State, World
 from deltattg.errors import InputError
 from deltattg.meter.prompt import prefix_hash
 
@@ -86,19 +87,35 @@ def check_turn_limit(max_turns: int, actions: int) -> None:
                          "episode cannot have run under it", field="env.max_turns")
 
 
+class ExpertTokens:
+    """The tokens of the expert's remaining actions from a state (``ExpertPaths``), each action counted as ``labels``
+    counts it (the assistant turn as ``tokenizer``'s chat template renders it)."""
+
+    def __init__(self, tokenizer: Any):
+        self._paths = ExpertPaths()
+        self.action_tokens = ActionTokens(tokenizer)
+
+    def __call__(self, world: World, state: State) -> int:
+        return sum(map(self.action_tokens, self._paths(world, state)))
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """What a meter id calls its tokenizer."""
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
 class OracleMeter:
     """The planner as a progress meter (module doc). ``tokenizer`` counts tokens as ``labels`` does."""
 
     def __init__(self, tokenizer: Any, config: OracleConfig = OracleConfig()):
         self.tokenizer = tokenizer
         self.config = config
-        self._paths = ExpertPaths()
-        self.action_tokens = ActionTokens(tokenizer)  # n of one action, as ``labels`` counts it
+        self.expert_tokens = ExpertTokens(tokenizer)
 
     @property
     def meter_id(self) -> str:
         c = self.config
-        name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+        name = tokenizer_name(self.tokenizer)
         errors = f"/false-negative={c.false_negative:g}/missed-failure={c.missed_failure:g}" if self.errs else ""
         return f"{ORACLE}/household/noise={c.noise:g}/flip={c.flip:g}{errors}/seed={c.seed}/tokenizer={name}"
 
@@ -117,8 +134,8 @@ class OracleMeter:
         cuts = [k for k, m in enumerate(messages) if m.get("role") == "assistant"] + [len(messages)]
         out = []
         for t in range(count):
-            path = self._paths(replayed.world, replayed.states[t])
-            reading = exact_reading(distances[t], replayed.max_turns - t, sum(map(self.action_tokens, path)))
+            tokens = self.expert_tokens(replayed.world, replayed.states[t])
+            reading = exact_reading(distances[t], replayed.max_turns - t, tokens)
             if self.errs:
                 key = int(prefix_hash(messages[: cuts[t]])[:15], 16)
                 rng = np.random.default_rng([self.config.seed, key, t])

@@ -28,6 +28,7 @@ from deltattg.envs.base import Environment, Task
 from deltattg.hf import save_model
 from deltattg.data.labels import LABEL_SOURCES, REPLAYED_SOURCES, LabelSettings, StateLabel
 from deltattg.meter.commands import calibrate_meter, completion_targets
+from deltattg.meter.loading import PLANNER_METERS
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
 from deltattg.meter.train_regression import RegressionTrainConfig, records_examples, train_regression_meter
 from deltattg.regime.config import ACTOR_IN_POOL, RegimeConfig
@@ -295,14 +296,15 @@ class Arm:
     ``METHOD[KEY=VALUE,...][@METER]``: ``grpo``, ``deltattg`` (the learned meter), ``deltattg@generative`` (the
     paper's generative meter, ``train_generative_meter``), ``deltattg@best-of-k`` (a learned meter on the labels of a
     source of ``rollout.label_sources``: rollout, best-of-k, td), ``deltattg@oracle`` (the household
-    planner), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
+    planner), ``deltattg@belief`` (the planner over the worlds the history allows: what a history reader could
+    reach), ``deltattg@oracle:SIGMA:P`` (the oracle with log-normal noise σ on v̂ and b̂ flipped with probability
     p), ``deltattg@oracle:SIGMA:P:FN:MF`` (and b̂ = 0 on successes' states with probability FN, b̂ = 1 on failures'
     uncompletable states with probability MF: ``meter.oracle``), ``pos@oracle``,
     ``deltattg_robust[smooth=1,trust=none]`` (credit settings, ``CreditConfig`` fields),
     ``deltattg_robust[meter.refresh_every=5]`` (any other trainer setting), ..."""
 
     method: str
-    meter: str | None = None  # None (the method reads none), "learned", "generative" or "oracle"
+    meter: str | None = None  # None (the method reads none), "learned", "generative", "oracle" or "belief"
     noise: float = 0.0
     flip: float = 0.0
     options: tuple[tuple[str, str], ...] = ()  # settings (a CreditConfig field or SECTION.KEY, value as written)
@@ -328,10 +330,11 @@ class Arm:
             return cls(method, "learned", options=options, members=int(dials[0]))
         if kind in LABEL_SOURCES and not dials:
             return cls(method, "learned", options=options, labels=kind)
-        if kind not in ("learned", "generative", "oracle") or (dials and (kind != "oracle" or len(dials) not in (2, 4))):
+        if kind not in ("learned", "generative", *PLANNER_METERS) or (
+                dials and (kind != "oracle" or len(dials) not in (2, 4))):
             raise ValueError(f"arm {spec!r}: the meter is learned, {', '.join(LABEL_SOURCES[1:])} (learned from "
-                             "those labels), generative, ensemble:N (N >= 2), oracle, oracle:SIGMA:P or "
-                             "oracle:SIGMA:P:FN:MF")
+                             "those labels), generative, ensemble:N (N >= 2), oracle, oracle:SIGMA:P, "
+                             "oracle:SIGMA:P:FN:MF or belief")
         noise, flip, false_negative, missed_failure = (*(float(d) for d in dials), 0.0, 0.0, 0.0, 0.0)[:4]
         return cls(method, kind, noise, flip, options, false_negative, missed_failure)
 
@@ -362,6 +365,8 @@ class Arm:
             out.append("meter.path=" + ",".join([str(meter_dir), *(f"{meter_dir}-{k}" for k in range(1, self.members))]))
         elif self.meter == "generative":  # the seed's generative meter sits beside its regression meter
             out.append(f"meter.path={meter_dir.parent / GENERATIVE_METER}")
+        elif self.meter == "belief":
+            out.append("meter.path=belief")
         elif self.meter == "oracle":
             out += ["meter.path=oracle", f"meter.oracle_noise={self.noise}", f"meter.oracle_flip={self.flip}"]
             if self.false_negative or self.missed_failure:

@@ -90,13 +90,13 @@ def check_specs(config) -> None:
     """The actor model and the meter, where they name local paths, exist (and a meter folder's ``meter_config.json``
     is valid): ``InputError`` at once, never a Hub lookup or a half-started run."""
     from deltattg.hf import check_local
-    from deltattg.meter.loading import meter_kind
+    from deltattg.meter.loading import PLANNER_METERS, meter_kind
     from deltattg.train.config import needs_meter
 
     if config.actor.model != "tiny":
         check_local(config.actor.model, "actor model")
     meter = config.meter.path
-    if needs_meter(config) and meter and meter != "oracle" and not meter.startswith(("http://", "https://")):
+    if needs_meter(config) and meter and meter not in PLANNER_METERS and not meter.startswith(("http://", "https://")):
         check_local(meter, "meter")
         meter_kind(meter)
 

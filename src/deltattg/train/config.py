@@ -24,6 +24,7 @@ import yaml
 
 from deltattg.credit import CreditConfig, available_estimators, get_estimator
 from deltattg.loss import LossConfig
+from deltattg.meter.loading import PLANNER_METERS
 from deltattg.settings import setting
 
 DAPO = "dapo"
@@ -423,12 +424,13 @@ def validate(config: TrainConfig, *, require_meter: bool = True) -> None:
         raise ValueError(f"algo.method {method} needs a frozen progress meter: set meter.path")
     if config.meter.refresh_every < 0 or config.meter.refresh_epochs < 1 or not config.meter.refresh_lr > 0:
         raise ValueError("meter.refresh_every must be >= 0, meter.refresh_epochs >= 1 and meter.refresh_lr > 0")
-    if config.meter.path == "oracle":
+    if config.meter.path in PLANNER_METERS:
         config.meter.oracle()  # its dials are in range
         if config.meter.refresh_every:
-            raise ValueError("meter.refresh_every trains a learned meter; the oracle is the planner")
+            raise ValueError(f"meter.refresh_every trains a learned meter; {config.meter.path} reads the planner")
         if config.env.name != "household":
-            raise ValueError(f"meter.path=oracle replays the household planner; env.name is {config.env.name!r}")
+            raise ValueError(f"meter.path={config.meter.path} replays the household planner; env.name is "
+                             f"{config.env.name!r}")
     positive = {
         "rollout.batch_size": config.rollout.batch_size,
         "rollout.group_size": config.rollout.group_size,
@@ -498,10 +500,10 @@ def with_changes(config: TrainConfig, **sections: dict) -> TrainConfig:
 
 def _absolute(spec: str) -> str:
     """A local path spec (:func:`deltattg.hf.local_folder`; ``DIR::FILE.gguf`` by its folder) made absolute; a Hub id,
-    ``smollm2``, ``tiny``, ``oracle`` or a URL as it is."""
+    ``smollm2``, ``tiny``, ``oracle``, ``belief`` or a URL as it is."""
     from deltattg.hf import local_folder
 
-    folder = None if spec in ("tiny", "oracle") or spec.startswith(("http://", "https://")) else local_folder(spec)
+    folder = None if spec in ("tiny", *PLANNER_METERS) or spec.startswith(("http://", "https://")) else local_folder(spec)
     return spec if folder is None else _absolute_path(folder) + spec[len(folder):]
 
 

@@ -134,7 +134,7 @@ def goals(config: HouseholdConfig, task_type: str, unseen: bool) -> tuple[Goal, 
     return tuple(g for g in candidates if is_held_out(g.object_type, g.receptacle_type) == unseen)
 
 
-def _numbered(types: Sequence[str]) -> list[str]:
+def numbered(types: Sequence[str]) -> list[str]:
     """``["cup", "mug", "cup"]`` → ``["cup 1", "mug 1", "cup 2"]``."""
     counts: Counter[str] = Counter()
     names = []
@@ -159,7 +159,7 @@ def _receptacle_types(config: HouseholdConfig, goal: Goal, rng: random.Random) -
     return sorted(types)
 
 
-def _object_types(config: HouseholdConfig, goal: Goal, rng: random.Random) -> list[str]:
+def draw_object_types(config: HouseholdConfig, goal: Goal, rng: random.Random) -> list[str]:
     """Targets (the goal's type) and distractors (other types), shuffled."""
     count = max(TASK_KINDS[goal.task_type].count, rng.randint(*config.targets))
     others = [o for o in config.object_types if o != goal.object_type]
@@ -170,14 +170,19 @@ def _object_types(config: HouseholdConfig, goal: Goal, rng: random.Random) -> li
 
 def _layout(config: HouseholdConfig, goal: Goal, phrasing: int, rng: random.Random) -> tuple[World, State]:
     """A random house for ``goal`` and its start state (middle of the room, empty hands)."""
-    receptacles = _numbered(_receptacle_types(config, goal, rng))
-    objects = _numbered(_object_types(config, goal, rng))
+    receptacles = numbered(_receptacle_types(config, goal, rng))
+    objects = numbered(draw_object_types(config, goal, rng))
     holders = [i for i, r in enumerate(receptacles) if RECEPTACLE_KINDS[type_of(r)].holds_lamp]
     world = World(goal, goal.text(phrasing), tuple(receptacles), tuple(objects), rng.choice(holders))
     slots = [r for r in range(len(receptacles)) for _ in range(config.max_per_receptacle)]
-    where = tuple(rng.sample(slots, len(objects)))
+    return world, start_state(config, world, tuple(rng.sample(slots, len(objects))))
+
+
+def start_state(config: HouseholdConfig, world: World, where: tuple[int, ...]) -> State:
+    """The start state of a house whose objects lie in receptacles ``where``: the agent in the middle of the room,
+    empty hands, the openable receptacles open unless ``config.start_closed``."""
     opened = 0 if config.start_closed else sum(1 << r for r, openable in enumerate(world.openable) if openable)
-    return world, State(-1, -1, where, (0,) * len(objects), opened, False)
+    return State(-1, -1, where, (0,) * len(where), opened, False)
 
 
 @lru_cache(maxsize=4096)
