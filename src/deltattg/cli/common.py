@@ -80,9 +80,9 @@ SPLITS = ("(household, alfworld: train, valid_seen, valid_unseen; alfworld also 
 
 def add_environment(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, several_splits: bool = False,
                     required: bool = True, split: bool = True, data_dest: str = "data") -> None:
-    """--env, --split (unless ``split`` is off: the tasks come from elsewhere), --short, --data (into ``data_dest``,
-    where the command has a positional DATA of its own) and the search environment's --corpus / --retriever /
-    --topk: which environment and which of its tasks."""
+    """--env, --split (unless ``split`` is off: the tasks come from elsewhere), --short, the household environment's
+    --env-options / --env-option, --data (into ``data_dest``, where the command has a positional DATA of its own) and
+    the search environment's --corpus / --retriever / --topk: which environment and which of its tasks."""
     from deltattg.envs.registry import ENVIRONMENTS
 
     parser.add_argument("--env", required=required, choices=ENVIRONMENTS,
@@ -92,6 +92,12 @@ def add_environment(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
         parser.add_argument("--split", help=("task split, or several separated by commas " if several_splits
                                              else "task split ") + SPLITS)
     parser.add_argument("--short", action="store_true", help="household: short tasks for CPU demos")
+    parser.add_argument("--env-options", choices=("regime",), help="household: every knob as the household RL regime "
+                        "sets it (deltattg demo, bench/bench_train.py: its options over the short tasks), so that "
+                        "the tasks are the regime's; --env-option entries override single knobs")
+    parser.add_argument("--env-option", action="append", metavar="KEY=VALUE", help="household: one HouseholdConfig "
+                        "knob, VALUE in YAML (receptacles=[3,4], start_closed=false, object_types=[apple,mug,book]), "
+                        "over --env-options, --short or the full size; repeat for several, the last of a key wins")
     parser.add_argument("--data", dest=data_dest, help="alfworld: the json_2.1.1 folder (default: $ALFWORLD_DATA); search: a question "
                         "file (JSONL or Parquet) or a folder of them, one split per file; awm: an AWM release folder "
                         "(its gen_*.jsonl files; default: our example scenarios, as `deltattg awm-examples` writes "
@@ -105,12 +111,79 @@ def add_environment(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
 
 
 def environment_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The environment options the command line gives (the search environment's; refused for the others)."""
+    """The environment options the command line gives (the search environment's, the household environment's knobs;
+    each refused for the other environments)."""
     given = {k: v for k, v in {"corpus": args.corpus, "retriever": args.retriever, "topk": args.topk}.items()
              if v is not None}
     if given and args.env != "search":
         raise UsageError(f"--{', --'.join(given)}: only for --env search")
-    return given
+    return given | household_options(args)
+
+
+def household_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``HouseholdConfig`` knobs of --env-options (every knob of the regime's config: complete, so that --short
+    changes nothing under it) and the --env-option entries over them in order; refused for other environments."""
+    entries = args.env_option or []
+    if args.env_options is None and not entries:
+        return {}
+    if args.env != "household":
+        given = [flag for flag, value in (("--env-option", entries), ("--env-options", args.env_options)) if value]
+        raise UsageError(f"{' and '.join(given)}: HouseholdConfig options, only for --env household (not --env "
+                         f"{args.env})")
+    options = regime_household_options() if args.env_options == "regime" else {}
+    options.update(household_option(entry) for entry in entries)
+    return options
+
+
+def regime_household_options() -> dict[str, Any]:
+    """Every ``HouseholdConfig`` knob of the household RL regime's environment (``HOUSEHOLD_OPTIONS`` over the short
+    tasks, built as the regime builds it), as its records describe it."""
+    from deltattg.envs.registry import env_factory
+    from deltattg.regime.config import HOUSEHOLD_OPTIONS
+
+    return env_factory("household", size="short", **HOUSEHOLD_OPTIONS)().describe()["options"]
+
+
+def household_option(entry: str) -> tuple[str, Any]:
+    """One ``--env-option KEY=VALUE`` as ``(KEY, VALUE read as YAML)``: a usage error naming the entry for a KEY that
+    is no ``HouseholdConfig`` field (with the fields), a VALUE that is not YAML, or a single value for a list knob
+    (a name would be read as a list of its letters). The values themselves are checked by the config."""
+    import dataclasses
+
+    import yaml
+
+    from deltattg.envs.household import HouseholdConfig
+
+    key, equals, text = entry.partition("=")
+    key = key.strip()
+    if not equals:
+        raise UsageError(f"--env-option {entry}: write KEY=VALUE (receptacles=[3,4])")
+    defaults = {f.name: f.default for f in dataclasses.fields(HouseholdConfig)}
+    if key not in defaults:
+        raise UsageError(f"--env-option {entry}: {key!r} is not a household option; choose from {', '.join(defaults)}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or exc
+        raise UsageError(f"--env-option {entry}: {key}: not a YAML value ({problem})") from None
+    default = defaults[key]
+    if isinstance(default, tuple) and not isinstance(value, list):
+        raise UsageError(f"--env-option {entry}: {key} takes a list, e.g. {key}=[{', '.join(map(str, default[:2]))}]")
+    return key, value
+
+
+def command_line_environment(args: argparse.Namespace, data: str | None):
+    """The constructor of the environment ``--env`` and its options name (``data``: the --data of the command); a
+    value the household config rejects is a usage error naming its knob."""
+    from deltattg.envs.registry import env_factory
+
+    options = environment_options(args)
+    try:
+        return env_factory(args.env, data=data, size="short" if args.short else "full", **options)
+    except InputError as exc:
+        if args.env == "household" and options:
+            raise UsageError(f"--env-option {exc}") from None
+        raise
 
 
 def add_rollout(parser: argparse.ArgumentParser, max_new_tokens: int, seed_help: str | None = None) -> None:
@@ -130,10 +203,7 @@ def add_rollout(parser: argparse.ArgumentParser, max_new_tokens: int, seed_help:
 def environment(args: argparse.Namespace, splits: Sequence[str]) -> tuple:
     """``(make_env, an instance, the tasks of splits)`` of the environment ``args`` name; ``ValueError`` when the
     splits hold no task (alfworld: no data at --data or $ALFWORLD_DATA)."""
-    from deltattg.envs.registry import env_factory
-
-    make_env = env_factory(args.env, data=args.data, size="short" if args.short else "full",
-                           **environment_options(args))
+    make_env = command_line_environment(args, args.data)
     probe = make_env()
     tasks = [task for split in splits for task in probe.tasks(split)]
     if not tasks:
@@ -230,7 +300,8 @@ LABEL_DEFAULTS: dict[str, Any] = {"completions": 4, "label_seed": 0, "td_lambda"
 """The label options' defaults (their flags default to None so that an option a source does not read is refused)."""
 
 REPLAY_OPTIONS = ("completions", "label_seed", "completer_temperature", "completer_max_new_tokens", "env", "short",
-                  "env_data", "corpus", "retriever", "topk", "max_turns")  # read by --labels rollout and best-of-k only
+                  "env_options", "env_option", "env_data", "corpus", "retriever", "topk",
+                  "max_turns")  # read by --labels rollout and best-of-k only
 
 
 def check_records_turn_limit(meter: Any, items: Sequence, option: str = "--meter") -> None:
@@ -346,8 +417,9 @@ def labelling_environment_settings(args: argparse.Namespace) -> dict[str, Any] |
     None where each record's own description is rebuilt."""
     if args.env is None:
         return None
-    given = {"env": args.env, "short": args.short, "data": local_path(args.env_data),
-             "corpus": local_path(args.corpus), "retriever": args.retriever, "topk": args.topk}
+    given = {"env": args.env, "short": args.short, "options": household_options(args) or None,
+             "data": local_path(args.env_data), "corpus": local_path(args.corpus), "retriever": args.retriever,
+             "topk": args.topk}
     return {key: value for key, value in given.items() if value is not None and value is not False}
 
 
@@ -406,14 +478,13 @@ def labelling_environment(args: argparse.Namespace):
     """The constructor of the environment the command line names (``--env`` and its options), or ``None``: each
     record's own ``env`` description is rebuilt. Refused up front when it cannot be built here."""
     if args.env is None:
-        if any(getattr(args, name, None) for name in ("short", "env_data", "corpus", "retriever", "topk")):
-            raise UsageError("--short, --data, --corpus, --retriever and --topk describe the environment of --env")
+        if any(getattr(args, name, None) for name in ("short", "env_options", "env_option", "env_data", "corpus",
+                                                      "retriever", "topk")):
+            raise UsageError("--short, --env-option and --env-options, --data, --corpus, --retriever and --topk "
+                             "describe the environment of --env")
         return None
-    from deltattg.envs.registry import env_factory
-
     try:
-        return env_factory(args.env, data=args.env_data, size="short" if args.short else "full",
-                           **environment_options(args))
+        return command_line_environment(args, args.env_data)
     except (ValueError, ImportError, OSError) as exc:
         raise UsageError(str(exc)) from None
 
