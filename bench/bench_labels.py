@@ -69,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     trajectories = [item.trajectory for item in read_trajectory_file(str(pool)).items]
     planner = read_states(OracleMeter(load_tokenizer("smollm2")), trajectories)[0]
     columns = ("labels", "planner-completable labelled completable %", "planner-hopeless labelled hopeless %",
-               "balanced accuracy", "TTG Spearman", "seconds")  # fmt: skip
+               "balanced accuracy", "TTG Spearman", "Δ Spearman", "Δ sign agreement", "sibling ranking",
+               "seconds")  # fmt: skip
     rows = []
     for name, options in SOURCES.items():
         out = args.out / f"labels-{options[1]}-{len(rows)}.jsonl"
@@ -81,9 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         readings = [[MeterOutput(label.can_complete, label.tokens_to_go) for label in labels_of_records(by_id[t.id], t)]
                     for t in trajectories]  # fmt: skip
         completable, hopeless, n_completable, n_hopeless = class_recalls(readings, planner)
-        agreement = agreement_of(readings, planner)
+        agreement = agreement_of(trajectories, readings, planner)
         rows.append([name, f"{100 * completable:.1f}", f"{100 * hopeless:.1f}", f"{agreement.b_balanced_accuracy:.3f}",
-                     f"{agreement.ttg_spearman:.3f}", "–" if seconds is None else f"{seconds:.0f}"])
+                     f"{agreement.ttg_spearman:.3f}", f"{agreement.delta_spearman:.3f}",
+                     f"{agreement.delta_sign_agreement:.3f}", f"{agreement.sibling_ranking:.3f}",
+                     "–" if seconds is None else f"{seconds:.0f}"])
     print(f"{len(trajectories)} trajectories; the planner reads {n_completable} states completable and {n_hopeless} "
           "hopeless")  # fmt: skip
     print(text_table(columns, rows))

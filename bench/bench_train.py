@@ -59,6 +59,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +75,7 @@ from deltattg.regime.comparison import (
     success_curve,
     summarize,
 )
-from deltattg.regime.config import RegimeConfig, regime_config
+from deltattg.regime.config import RECOMMENDED_ARM, RegimeConfig, regime_config
 from deltattg.regime.seeds import (
     SETTINGS_FILE,
     STAMP,
@@ -476,68 +477,118 @@ def overhead(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str, dict]:
 
 
 # ---- the meters against the planner -------------------------------------------------------------------------------
-def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str, dict]:
-    """Per seed, on the held-out pool tasks' states: the outcome meter (turns left in its input) beside one trained on
-    the same pool without them, a meter per label source the arms read (and those labels themselves), the generative
-    meter when an arm reads it, and the oracle — each against the trajectory's outcome and against the planner
-    (``--meter-fit``)."""
+@dataclass(frozen=True)
+class FitRow:
+    """A row of ``--meter-fit``: what reads the states (``kind``: a learned meter's folder under the seed, ``labels``
+    for a label file read as a meter, ``oracle`` or ``belief``), its label source, and whether the recommended arm
+    reads it."""
+
+    name: str
+    kind: str
+    label_source: str | None = None
+    recommended: bool = False
+
+
+def fit_rows(arms: Sequence[Arm]) -> list[FitRow]:
+    """The meters the arms read (the outcome meter always, beside one trained without the turns left), the labels
+    they learn from, and the planner and the belief reference (the ceiling of a history reader)."""
+    needed = meters_read(arms)
+    recommended = meters_read([Arm.parse(RECOMMENDED_ARM)])
+    rows = [FitRow("outcome, without turns left", "meter-no-turns", "outcome"),
+            FitRow("outcome", meter_folder(0), "outcome", recommended.learned > 0 and not recommended.sources)]
+    rows += [FitRow(source, labelled_meter(source), source, source in recommended.sources) for source in needed.sources]
+    rows += [FitRow(f"labels: {source}", "labels", source) for source in needed.sources]
+    rows += [FitRow("generative", GENERATIVE_METER, "outcome")] if needed.generative else []
+    return rows + [FitRow("belief", "belief"), FitRow("oracle", "oracle")]
+
+
+def common_states(rows: Sequence[Sequence[Sequence[object]]]) -> list[list[list[object]]]:
+    """Every reader's ``read_states`` rows with a state kept only where every reader read it validly (None
+    elsewhere): the rows of a table compare on one set of states."""
+    keep = [[all(reader[i][t] is not None for reader in rows) for t in range(len(rows[0][i]))]
+            for i in range(len(rows[0]))]  # fmt: skip
+    return [[[r if keep[i][t] else None for t, r in enumerate(row)] for i, row in enumerate(reader)]
+            for reader in rows]  # fmt: skip
+
+
+STATE_SETS = {"held-out": "the held-out pool tasks' states", "training": "the meters' own training states"}
+FIT_KEYS = ("states", "steps", "b_balanced_accuracy", "ttg_spearman", "delta_spearman", "delta_sign_agreement",
+            "sibling_pairs", "sibling_ranking", "completion_accuracy", "calibration_error")  # fmt: skip
+
+
+def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str, dict, list[dict]]:
+    """Per seed, on the held-out pool tasks' states and on the meters' training states: every meter the arms read,
+    the labels they learn from, the belief reference and the planner — against the trajectory's outcome and against
+    the planner, Δ (what credit reads) included, each table on the states every row reads (``--meter-fit``).
+    Returns the text, its tables and one record per (state set, row) with the numbers averaged over seeds."""
     from deltattg.data.trajectory import MeterOutput
     from deltattg.meter.fit import agreement_of, fit_of
-    from deltattg.meter.loading import load_meter, read_states
-    from deltattg.meter.oracle import OracleMeter
+    from deltattg.meter.loading import load_meter, planner_meter, read_states
 
-    needed = meters_read(arms)
-    names = ["outcome, without turns left", "outcome", *(f"{source}" for source in needed.sources),
-             *(f"labels: {source}" for source in needed.sources), *(["generative"] if needed.generative else []),
-             "oracle"]  # fmt: skip
-    rows: dict[str, list] = {name: [] for name in names}
+    needed, rows = meters_read(arms), fit_rows(arms)
+    numbers: dict[tuple[str, str], list[dict]] = {}
     with process_settings(1):
         for seed in args.seeds:
             config, folder = seed_config(args, seed), args.out / f"seed-{seed}"
             seed_folder = prepare_seed(config, folder, Meters(max(needed.learned, 1), needed.generative, needed.sources),
                                        allow_mixed=args.allow_mixed, need_pool=True)  # fmt: skip
-            actor, train_pool, heldout = seed_folder.actor, seed_folder.train_pool, seed_folder.heldout_pool
+            actor = seed_folder.actor
             if not (folder / "meter-no-turns" / "meter_config.json").is_file():
-                train_meter(config, train_pool, actor.tokenizer, folder / "meter-no-turns", heldout, turns_left=False)
-            planner = read_states(OracleMeter(actor.tokenizer), heldout)[0]
-            for name in names:
-                if name.startswith("labels: "):  # the labels themselves (checked against the pool), read as a meter
-                    source = name.removeprefix("labels: ")
-                    labels, _ = pool_labels(config, seed_folder.world, actor, seed_folder.pool,
-                                            label_settings(config, source, folder / meter_folder(0)),
-                                            folder / f"labels-{source}.jsonl", folder / meter_folder(0))  # fmt: skip
-                    readings = [[MeterOutput(label.can_complete, label.tokens_to_go) for label in labels[t.id][:-1]]
-                                for t in heldout]  # fmt: skip
-                else:
-                    path = {"outcome, without turns left": "meter-no-turns", "outcome": meter_folder(0),
-                            "generative": GENERATIVE_METER}.get(name, labelled_meter(name))  # fmt: skip
-                    meter = OracleMeter(actor.tokenizer) if name == "oracle" else load_meter(folder / path)
-                    readings = planner if name == "oracle" else read_states(meter, heldout)[0]
-                rows[name].append((fit_of(heldout, readings), agreement_of(readings, planner)))
+                train_meter(config, seed_folder.train_pool, actor.tokenizer, folder / "meter-no-turns",
+                            seed_folder.heldout_pool, turns_left=False)  # fmt: skip
+            labels = {source: pool_labels(config, seed_folder.world, actor, seed_folder.pool,
+                                          label_settings(config, source, folder / meter_folder(0)),
+                                          folder / f"labels-{source}.jsonl", folder / meter_folder(0))[0]
+                      for source in needed.sources}  # fmt: skip
+            for state_set, trajectories in (("held-out", seed_folder.heldout_pool), ("training", seed_folder.train_pool)):
+                readings = []
+                for row in rows:
+                    if row.kind == "labels":  # the labels themselves (checked against the pool), read as a meter
+                        readings.append([[MeterOutput(label.can_complete, label.tokens_to_go)
+                                          for label in labels[row.label_source][t.id][:-1]] for t in trajectories])
+                    elif row.kind in ("oracle", "belief"):
+                        readings.append(read_states(planner_meter(row.kind, actor.tokenizer), trajectories)[0])
+                    else:
+                        readings.append(read_states(load_meter(folder / row.kind), trajectories)[0])
+                readings = common_states(readings)
+                planner = readings[-1]
+                for row, read in zip(rows, readings):
+                    fit = fit_of(trajectories, read)
+                    agree = agreement_of(trajectories, read, planner, config.credit.failure_cost)
+                    numbers.setdefault((state_set, row.name), []).append(
+                        agree.as_dict() | {"completion_accuracy": fit.completion_accuracy,
+                                           "calibration_error": fit.calibration_error})  # fmt: skip
             print(f"[bench] seed {seed}: meters read", file=sys.stderr, flush=True)
-    table = []
-    for name, runs in rows.items():
-        fits, agreements = [f for f, _ in runs], [a for _, a in runs]
-        table.append([name, percent(mean_of([f.completion_accuracy for f in fits])),
-                      percent(mean_of([f.accuracy_on(True) for f in fits])),
-                      percent(mean_of([f.accuracy_on(False) for f in fits])),
-                      three_decimals(mean_of([a.b_balanced_accuracy for a in agreements])),
-                      three_decimals(mean_of([a.ttg_spearman for a in agreements])),
-                      three_decimals(mean_of([f.spearman for f in fits])),
-                      three_decimals(mean_of([f.calibration_error for f in fits]))])
-    header = ("meter (label source)", "completion acc. %", "on successes %", "on failures %",
-              "b balanced acc. vs planner", "Spearman v̂ vs planner's v", "Spearman vs true TTG (successes)",
+    records = [{"meter": row.name, "label_source": row.label_source, "recommended": row.recommended,
+                "state_set": state_set, "seeds": list(args.seeds),
+                **{key: mean_of([n[key] for n in numbers[state_set, row.name]]) for key in FIT_KEYS}}
+               for state_set in STATE_SETS for row in rows]  # fmt: skip
+    header = ("meter (label source)", "states", "steps", "b balanced acc. vs planner", "Spearman v̂ vs planner's v",
+              "Δ Spearman vs planner's", "Δ sign agreement", "sibling ranking (pairs)", "completion acc. %",
               "ECE of p̃")  # fmt: skip
+    tables, parts = {}, []
+    for state_set, what in STATE_SETS.items():
+        table = [[r["meter"] + (" (recommended)" if r["recommended"] else ""), f"{r['states']:.0f}",
+                  f"{r['steps']:.0f}", three_decimals(r["b_balanced_accuracy"]), three_decimals(r["ttg_spearman"]),
+                  three_decimals(r["delta_spearman"]), three_decimals(r["delta_sign_agreement"]),
+                  f"{three_decimals(r['sibling_ranking'])} ({r['sibling_pairs']:.0f})",
+                  percent(r["completion_accuracy"]), three_decimals(r["calibration_error"])]
+                 for r in records if r["state_set"] == state_set]  # fmt: skip
+        tables[f"meters {state_set}"] = (header, table)
+        parts += [f"### On {what}", markdown_table(header, table)]
+    first = seed_config(args, args.seeds[0])
     text = "\n\n".join([
-        f"Held-out pool states, mean over seeds {list(args.seeds)} (each seed: its own actor, pool and meters). "
-        "Completion accuracy: b̂ against the trajectory's outcome (the outcome labels), overall and on the successful "
-        "and the failed trajectories' states. Against the planner (the oracle meter: the optimal plan fits in the "
-        "turns left; the expert's remaining tokens): balanced accuracy of b̂ over the planner's completable and "
-        "hopeless states, Spearman of v̂ against its v. Spearman vs true TTG: on the successful trajectories' states. "
-        f"Label sources complete with {seed_config(args, args.seeds[0]).label_completer!r} "
-        f"(K = {seed_config(args, args.seeds[0]).label_completions}); 'labels: X' rows read the labels themselves.",
-        markdown_table(header, table)])  # fmt: skip
-    return text, {"meters": (header, table)}
+        f"Mean over seeds {list(args.seeds)} (each seed: its own actor, pool and meters), every row on the same states "
+        "(those every row reads; counts per seed). Against the planner (the oracle meter: the optimal plan fits in "
+        "the turns left; the expert's remaining tokens): balanced accuracy of b̂ over its completable and hopeless "
+        "states; Spearman of v̂ on every state, hopeless ones with the v̂ each reads there; Δ_t = c_t − c_{t+1} "
+        f"(Eq. 7–8, C = {first.credit.failure_cost:g}, the terminal state anchored at 0 or C): its Spearman and sign "
+        "(progress / none / regress) against the planner's, and the share of sibling pairs (trajectories that share "
+        "a state and act differently from it) both order alike. Completion accuracy: b̂ against the trajectory's "
+        f"outcome. Label sources complete with {first.label_completer!r} (K = {first.label_completions}); 'labels: X' "
+        "rows read the labels themselves; belief: the planner over the worlds the history allows (the ceiling of "
+        "a history reader).", *parts])  # fmt: skip
+    return text, tables, records
 
 
 def mean_of(values: Sequence[float]) -> float:
@@ -592,8 +643,10 @@ def count(low: int) -> Callable[[str], int]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
-                        help="arm specs (module doc); grpo, the reference, is added when missing")
+    parser.add_argument("--arms", nargs="+",
+                        help="arm specs (module doc); grpo, the reference, is added when missing (default: "
+                        f"{' '.join(DEFAULT_ARMS)}; with --meter-fit: {RECOMMENDED_ARM}, the recommended "
+                        "planner-free arm)")
     parser.add_argument("--seeds", type=count(0), nargs="+", default=[0, 1, 2, 3, 4])
     for name in RUN_LENGTH:  # flags of RegimeConfig's fields, their help and default from the field
         parser.add_argument(f"--{name.replace('_', '-')}", type=count(1), help=f"{setting_help(RegimeConfig, name)} "
@@ -616,13 +669,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="time 2N steps of every arm, interleaved, and print each ÷ the first arm's instead")
     parser.add_argument("--meter-fit", action="store_true",
                         help="instead: each seed's learned meters (the outcome labels with and without the turns "
-                        "left, each label source an arm reads, the generative meter when an arm reads it) and the "
-                        "labels themselves against the outcome and the planner, on the held-out pool states")
+                        "left, each label source an arm reads, the generative meter when an arm reads it), the "
+                        "labels themselves and the belief reference against the outcome and the planner — b, v, "
+                        "the step change Δ credit reads and sibling ranking — on the held-out pool states and on "
+                        "the meters' training states (--summary: a list 'meters' of records)")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick settings (a smoke test)")
     parser.add_argument("--summary", type=Path, help="also write the tables as a summary (bench/summary.py; what the "
                         "docs' results tables are generated from): arms, test, training and seeds of a comparison; "
                         "speed, overhead or meters with --speed, --overhead or --meter-fit")
     args = parser.parse_args(argv)
+    if args.arms is None:
+        args.arms = [RECOMMENDED_ARM] if args.meter_fit else list(DEFAULT_ARMS)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: name each seed once")
     try:
@@ -652,13 +709,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
     """What the command line asks for; returns what to print (and writes ``--summary``)."""
-    summary_figures, measured_on = {}, None
+    summary_figures, measured_on, records = {}, None, {}
     if args.speed:
         text, tables = speed(args)
     elif args.overhead:
         text, tables = overhead(args, arms)
     elif args.meter_fit:
-        text, tables = meter_fit_report(args, arms)
+        text, tables, records = meter_fit_report(args, arms)
     else:
         if not args.report_only:
             run_all(args, arms)
@@ -675,7 +732,7 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         from deltattg.summaries import write_summary
 
         write_summary(args.summary, "bench_train", shlex.split(command), tables, figures=summary_figures,
-                      measured_on=measured_on)
+                      measured_on=measured_on, records={"meters": finite(records)} if args.meter_fit else None)
     return text
 
 

@@ -341,3 +341,31 @@ def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(
                               "--report-only", "--archive", str(archive)])
         assert exit_info.value.code == 2 and why in capsys.readouterr().err
     assert {p: p.read_bytes() for p in archive.rglob("*") if p.is_file()} == before
+
+
+def test_meter_fit_reports_what_credit_reads_for_the_recommended_meter_by_default(tmp_path):
+    """``--meter-fit`` without ``--arms`` fits the recommended arm's meter and reads every row — its meter, its
+    labels, the belief reference, the planner — on one set of states per table, held-out and training, with Δ and
+    sibling ranking; ``--summary`` lists the numbers as records."""
+    from deltattg.regime.config import RECOMMENDED_ARM
+
+    out, summary = tmp_path / "bench", tmp_path / "fit.json"
+    command = [sys.executable, str(REPO / "bench" / "bench_train.py"), "--quick", "--meter-fit", "--seeds", "0",
+               "--out", str(out), "--summary", str(summary)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(summary.read_text())["meters"]
+    assert {r["state_set"] for r in records} == {"held-out", "training"}
+    for state_set in ("held-out", "training"):
+        rows = {r["meter"]: r for r in records if r["state_set"] == state_set}
+        recommended = [r for r in rows.values() if r["recommended"]]
+        assert len(recommended) == 1 and recommended[0]["label_source"] == RECOMMENDED_ARM.split("@")[1]
+        assert {"labels: best-of-k", "belief", "oracle"} <= set(rows)
+        assert len({r["states"] for r in rows.values()}) == 1 and rows["oracle"]["states"] > 50  # one set of states
+        oracle = rows["oracle"]
+        assert oracle["delta_spearman"] == 1.0 and oracle["delta_sign_agreement"] == 1.0
+        assert oracle["sibling_ranking"] == 1.0 and oracle["sibling_pairs"] > 10
+        assert rows["belief"]["b_balanced_accuracy"] >= 0.9 and rows["belief"]["delta_spearman"] >= 0.85
+        for key in ("delta_spearman", "delta_sign_agreement", "sibling_ranking", "b_balanced_accuracy"):
+            assert key in recommended[0]
+    assert "### On the meters' own training states" in done.stdout

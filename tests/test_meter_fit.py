@@ -10,6 +10,8 @@ import pytest
 
 from conftest import collect_household, save_household_tokenizer
 from deltattg.cli import main
+from deltattg.data.trajectory import MeterOutput, Trajectory
+from deltattg.meter.fit import default_failure_cost, sibling_steps, step_change_agreement, step_changes
 from deltattg.ranks import spearman
 
 
@@ -43,6 +45,65 @@ def test_eval_meter_on_expert_trajectories_and_against_a_reference(tmp_path, cap
     assert flipped["completion_accuracy"] == 0.0
     assert flipped["reference"]["completion_agreement"] == 0.0 and flipped["reference"]["states"] == fit["states"]
     assert flipped["reference"]["ttg_spearman"] == pytest.approx(1.0)
+    # every b̂ flipped: Δ no longer follows the planner's, although v̂ ranks exactly as its v
+    assert flipped["reference"]["steps"] == fit["states"] and flipped["reference"]["delta_spearman"] < 0.5
+    assert main(["eval-meter", str(pool), "--meter", "oracle", "--reference", "oracle", "--tokenizer", tokenizer,
+                 "--json", str(out), "--no-progress"]) == 0  # fmt: skip
+    itself = json.loads(out.read_text())["reference"]
+    assert itself["delta_spearman"] == pytest.approx(1.0) and itself["delta_sign_agreement"] == 1.0
+    assert "step changes Δ (C = " in capsys.readouterr().out
+
+
+def reading(v: float | None, can: bool = True) -> MeterOutput:
+    return MeterOutput(can_complete=can, tokens_to_go=v)
+
+
+def test_step_changes_follow_eq_7_and_8_with_the_terminal_anchored():
+    """c = min(v̂, C) where b̂, else C; Δ_t = c_t − c_{t+1}; c_T = 0 on success, C on failure; None where unread."""
+    row = [reading(30.0), reading(500.0), reading(5.0, can=False), None, reading(10.0)]
+    assert step_changes(True, row, 100.0) == [30 - 100, 0.0, None, None, 10.0]
+    assert step_changes(False, row[:2], 100.0) == [-70.0, 0.0]
+    assert step_changes(True, [], 100.0) == []
+
+
+def sibling_trajectories(actions: list[list[str]], success: list[bool]) -> list[Trajectory]:
+    out = []
+    for k, (steps, won) in enumerate(zip(actions, success)):
+        messages = [{"role": "user", "content": "task"}]
+        for a in steps:
+            messages += [{"role": "assistant", "content": a}, {"role": "user", "content": f"after {a}"}]
+        out.append(Trajectory(id=f"t{k}", group="g", reward=float(won), success=won, messages=messages))
+    return out
+
+
+def test_sibling_ranking_orders_the_actions_taken_from_one_state():
+    """Three trajectories share h_0; two share h_1 too. A meter that ranks the siblings' next states as the reference
+    does scores 1, one that ranks them backwards 0, one that cannot tell them apart ½."""
+    trajectories = sibling_trajectories([["a", "x"], ["a", "y"], ["b", "z"]], [True, False, False])
+    assert len(sibling_steps(trajectories)) == 3  # (0,1) differ at t=1 only; (0,2) and (1,2) at t=0
+    reference = [[reading(40.0), reading(20.0)], [reading(40.0), reading(20.0)], [reading(40.0), reading(60.0)]]
+    backwards = [[reading(40.0), reading(60.0)], [reading(40.0), reading(60.0)], [reading(40.0), reading(20.0)]]
+    blind = [[reading(40.0), reading(30.0)]] * 3
+    assert step_change_agreement(trajectories, reference, reference, 100.0).sibling_ranking == 1.0
+    agreement = step_change_agreement(trajectories, backwards, reference, 100.0)
+    # the t=1 pair's order comes from the terminal anchor (success 0, failure C): all meters agree on it
+    assert agreement.sibling_pairs == 3 and agreement.sibling_ranking == pytest.approx(1 / 3)
+    assert step_change_agreement(trajectories, blind, reference, 100.0).sibling_ranking == pytest.approx(2 / 3)
+
+
+def test_the_default_failure_cost_lies_above_every_token_to_go():
+    trajectories = sibling_trajectories([["a"], ["b"]], [True, False])
+    trajectories[0].step_tokens = [70]
+    assert default_failure_cost(trajectories, [[reading(40.0)], [reading(90.0, can=False)]]) == 256.0
+    assert default_failure_cost(trajectories, [[reading(300.0)], [None]]) == 1024.0
+
+
+def test_failure_cost_needs_a_reference(tmp_path, capsys):
+    tokenizer = str(save_household_tokenizer(tmp_path / "tok"))
+    pool = collect_household(tmp_path / "pool.jsonl", ["expert"], 2, "--tokenizer", tokenizer)
+    with pytest.raises(SystemExit) as exc:
+        main(["eval-meter", str(pool), "--meter", "oracle", "--tokenizer", tokenizer, "--failure-cost", "64"])
+    assert exc.value.code == 2 and "give a --reference" in capsys.readouterr().err
 
 
 def test_eval_meter_refuses_records_without_token_counts(tmp_path, capsys):

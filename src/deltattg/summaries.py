@@ -114,9 +114,11 @@ def figure_png(figure: dict[str, Any]) -> bytes:
 
 
 def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, Table],
-                  figures: dict[str, dict] | None = None, measured_on: dict[str, Any] | None = None) -> None:
+                  figures: dict[str, dict] | None = None, measured_on: dict[str, Any] | None = None,
+                  records: dict[str, list[dict]] | None = None) -> None:
     """Write the summary of benchmark ``name`` run as ``argv`` (whole, or not at all): its tables (name → (columns,
-    rows)), the data of its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`) and where they were
+    rows)), the data of its figures (each ``{"kind": K, **data}``, drawn by :func:`figure_png`), lists of records
+    for programs to read (``records``: name → list, each a top-level key, e.g. ``meters``) and where they were
     measured: ``measured_on`` (see :func:`machine_text`) for figures read from runs made elsewhere, else this
     machine."""
     from deltattg.data.jsonl import atomic_output
@@ -126,7 +128,7 @@ def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], table
                "machine": measured_on or machine(),
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                "tables": {name: table(*columns_rows) for name, columns_rows in tables.items()},
-               "figures": figures or {}}  # fmt: skip
+               "figures": figures or {}, **(records or {})}  # fmt: skip
     with atomic_output(path) as handle:
         json.dump(summary, handle, indent=2, ensure_ascii=False)
         handle.write("\n")

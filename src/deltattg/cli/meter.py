@@ -219,7 +219,9 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
     check_records_turn_limit(meter, items)
     if reference is not None:
         check_records_turn_limit(reference, items, "--reference")
-    fit, agree = evaluate_meter(items, meter, reference)
+    if args.failure_cost is not None and reference is None:
+        raise UsageError("--failure-cost sets C of the step changes Δ read against --reference: give a --reference")
+    fit, agree = evaluate_meter(items, meter, reference, args.failure_cost)
     if not fit.success:  # nothing to measure: refuse to print NaN
         last = _last_meter_error(meter)
         print(f"deltattg: error: no valid reading: the meter read every state of {args.data} as null"
@@ -235,6 +237,11 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
               f"(balanced accuracy {three_decimals(agree.b_balanced_accuracy, 'n/a')} against its b, "
               f"{agree.reference_completable} completable), Spearman {three_decimals(agree.ttg_spearman, 'n/a')} of "
               "the two meters' TTG")
+        changes = agree.changes
+        print(f"step changes Δ (C = {changes.failure_cost:g}) on {changes.steps} steps: Spearman "
+              f"{three_decimals(changes.delta_spearman, 'n/a')}, sign agrees on "
+              f"{three_decimals(changes.delta_sign_agreement, 'n/a')}; {changes.sibling_pairs} sibling pairs ordered "
+              f"alike: {three_decimals(changes.sibling_ranking, 'n/a')}")
     if args.json:
         write_json(args.json, results)
     return 0
@@ -325,13 +332,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "trained in DATA's own domain, or oracle): how often the two meters' b agree, the balanced accuracy of "
         "--meter's b against the reference's (the mean over the reference's completable and hopeless states of the "
         "share read alike) and the Spearman of their TTG, state by state (cross-domain transfer, paper 5.3; a "
-        "learned meter against the planner). Input without a decision state is refused (exit 2); exits 3 when "
-        "not one reading is valid.",
+        "learned meter against the planner); and what credit reads: the per-step change of remaining cost, "
+        "delta_t = c_t - c_(t+1) (Eq. 7-8; the terminal state anchored at 0 on success, C otherwise), its Spearman "
+        "and sign agreement with the reference's, and the share of sibling pairs (recorded trajectories that share "
+        "a decision state and take different actions from it) both order alike by delta (docs/concepts/meter.md). Input without "
+        "a decision state is refused (exit 2); exits 3 when not one reading is valid.",
     )
     eval_meter.add_argument("data", help="trajectory JSONL with outcomes (collect's output)")
     eval_meter.add_argument("--reference", help="a second meter read on the same states, taken as the reference: a "
-                            "meter folder, or 'oracle' (household rollouts: the planner, tokens counted with "
-                            "--tokenizer)")
+                            "meter folder, 'oracle' (household rollouts: the planner, tokens counted with "
+                            "--tokenizer) or 'belief' (household: the planner over the worlds the history allows)")
+    eval_meter.add_argument("--failure-cost", type=positive_float, metavar="C",
+                            help="with --reference: the failure cost C of the step changes (Eq. 7; default: the "
+                            "smallest power of two at least twice every Token-to-Go the reference or the data reads)")
     eval_meter.add_argument("--json", help="also write the numbers as JSON here")
     add_meter_source(eval_meter)
     add_tokenizer(eval_meter)

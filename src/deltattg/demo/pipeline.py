@@ -117,7 +117,7 @@ def run_demo(config: RegimeConfig, out: str | Path, *, guidance: bool = True) ->
         result.fit = fit_of(heldout_pool, readings)
         if config.env == "household":  # the planner reads the same states: does the meter read progress?
             planner = read_states(OracleMeter(actor.tokenizer), heldout_pool)[0]
-            result.oracle_agreement = agreement_of(readings, planner)
+            result.oracle_agreement = agreement_of(heldout_pool, readings, planner, config.credit.failure_cost)
         with stage("4 RL: " + ", ".join(config.arms), timings):
             result.runs = run_arms(config, out, replace=True)
         if guidance:

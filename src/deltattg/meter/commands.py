@@ -369,9 +369,10 @@ def score_records(items: Sequence[Located], meter: Meter, *, asked: Sequence[boo
 # ---- eval-meter ---------------------------------------------------------------------------------------------------
 
 
-def evaluate_meter(items: Sequence[Located], meter: Meter, reference: Meter | None = None) -> tuple[Any, Any]:
+def evaluate_meter(items: Sequence[Located], meter: Meter, reference: Meter | None = None,
+                   failure_cost: float | None = None) -> tuple[Any, Any]:
     """``(MeterFit, Agreement or None)``: ``meter`` on every nonterminal decision state of ``items`` (and its agreement
-    with ``reference`` on the same states). Records the meters cannot read are refused with their file and line; input
+    with ``reference`` on the same states, Δ read with failure cost ``failure_cost``: ``meter.fit.agreement_of``). Records the meters cannot read are refused with their file and line; input
     without a single decision state is refused naming it (there is nothing to measure)."""
     from deltattg.meter.fit import agreement_of, fit_of
 
@@ -381,7 +382,9 @@ def evaluate_meter(items: Sequence[Located], meter: Meter, reference: Meter | No
                          path=items[0].path if items else None)  # fmt: skip
     ours = _read_located(meter, items)
     fit = fit_of(trajectories, ours)
-    return fit, None if reference is None else agreement_of(ours, _read_located(reference, items))
+    if reference is None:
+        return fit, None
+    return fit, agreement_of(trajectories, ours, _read_located(reference, items), failure_cost)
 
 
 # ---- eval-steps ---------------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """How well a meter reads held-out trajectories (§4.2's meter fit, §5.3's transfer): completion accuracy against the
 outcome (b of Eq. 2), Spearman's ρ of predicted against true Token-to-Go (Eq. 1) on the successful trajectories'
-states, and, between two meters on the same states, how often their b̂ agree and the rank correlation of their v̂
-(a meter moved to another domain against the one trained there). ``deltattg eval-meter`` prints them."""
+states, and, between two meters on the same states, how often their b̂ agree, the rank correlation of their v̂
+(a meter moved to another domain against the one trained there) and — what credit reads — how their per-step
+changes Δ (Eq. 8) agree, step by step and between sibling actions from one state. ``deltattg eval-meter`` prints them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,18 +108,35 @@ class Agreement:
     """Two meters on the same nonterminal decision states (those both read validly), the second taken as the
     reference: how often their b̂ agree, the balanced accuracy of ours against the reference's b̂ (the mean of the
     shares of its completable and of its hopeless states that ours reads alike: a meter that reads every state one
-    way scores 0.5 however the states divide), and the Spearman of their v̂ where both give one."""
+    way scores 0.5 however the states divide), the Spearman of their v̂ on every state where both give one — hopeless
+    states included, with the v̂ each meter reads there (the planner's: the expert's remaining tokens as if the turns
+    allowed them; a regression meter's: the work left if the task completes) — and how their per-step changes agree
+    (:class:`StepChanges`)."""
 
     states: int
     completion_agreement: float  # share of states where their b̂ agree
     ttg_spearman: float  # Spearman's ρ of their v̂ (where both give one)
     b_balanced_accuracy: float = float("nan")  # ours against the reference's b̂, balanced over its two classes
     reference_completable: int = 0  # states the reference reads completable
+    changes: StepChanges | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return {"states": self.states, "completion_agreement": self.completion_agreement,
-                "b_balanced_accuracy": self.b_balanced_accuracy, "reference_completable": self.reference_completable,
-                "ttg_spearman": self.ttg_spearman}  # fmt: skip
+        out = {"states": self.states, "completion_agreement": self.completion_agreement,
+               "b_balanced_accuracy": self.b_balanced_accuracy, "reference_completable": self.reference_completable,
+               "ttg_spearman": self.ttg_spearman}  # fmt: skip
+        return out | (self.changes.as_dict() if self.changes else {})
+
+    @property
+    def delta_spearman(self) -> float:
+        return self.changes.delta_spearman if self.changes else float("nan")
+
+    @property
+    def delta_sign_agreement(self) -> float:
+        return self.changes.delta_sign_agreement if self.changes else float("nan")
+
+    @property
+    def sibling_ranking(self) -> float:
+        return self.changes.sibling_ranking if self.changes else float("nan")
 
 
 def balanced_accuracy(predicted: Sequence[bool], truth: Sequence[bool]) -> float:
@@ -129,17 +148,103 @@ def balanced_accuracy(predicted: Sequence[bool], truth: Sequence[bool]) -> float
     return mean(rates) if all(r == r for r in rates) else float("nan")
 
 
-def agreement_of(ours: Sequence[Sequence[Any]], theirs: Sequence[Sequence[Any]]) -> Agreement:
-    """How one meter agrees with a reference meter on the same nonterminal decision states: their ``read_states`` rows
-    of the same trajectories."""
+def agreement_of(trajectories: Sequence[Trajectory], ours: Sequence[Sequence[Any]], theirs: Sequence[Sequence[Any]],
+                 failure_cost: float | None = None) -> Agreement:
+    """How one meter agrees with a reference meter on the same nonterminal decision states of ``trajectories``: their
+    ``read_states`` rows; Δ with failure cost C = ``failure_cost`` (default: :func:`default_failure_cost`)."""
     pairs = [(a, b) for row_a, row_b in zip(ours, theirs) for a, b in zip(row_a, row_b)
              if a is not None and b is not None]  # fmt: skip
     ttg = [(a.tokens_to_go, b.tokens_to_go) for a, b in pairs
            if a.tokens_to_go is not None and b.tokens_to_go is not None]  # fmt: skip
     predicted, truth = [bool(a.can_complete) for a, _ in pairs], [bool(b.can_complete) for _, b in pairs]
+    cost = default_failure_cost(trajectories, theirs) if failure_cost is None else failure_cost
     return Agreement(len(pairs), mean([p == t for p, t in zip(predicted, truth)]),
                      spearman([a for a, _ in ttg], [b for _, b in ttg]), balanced_accuracy(predicted, truth),
-                     sum(truth))  # fmt: skip
+                     sum(truth), step_change_agreement(trajectories, ours, theirs, cost))  # fmt: skip
+
+
+# ---- the step changes credit reads (Eq. 7–8) ----------------------------------------------------------------------
+def state_cost(reading: Any, failure_cost: float) -> float | None:
+    """c = min(v̂, C) if b̂ else C (Eq. 7, as ``credit.deltattg.state_costs`` reads it); None for an invalid reading."""
+    if reading is None:
+        return None
+    if not reading.can_complete:
+        return failure_cost
+    return min(float(reading.tokens_to_go), failure_cost)
+
+
+def step_changes(success: bool, row: Sequence[Any], failure_cost: float) -> list[float | None]:
+    """Δ_t = c_t − c_{t+1} for t = 0..T−1 of one trajectory (Eq. 8): ``row`` holds its readings of h_0..h_{T−1},
+    the terminal state is anchored at 0 on success and C otherwise (Eq. 7); None where either reading is invalid."""
+    costs = [state_cost(r, failure_cost) for r in row] + [0.0 if success else failure_cost]
+    return [None if a is None or b is None else a - b for a, b in zip(costs, costs[1:])]
+
+
+def sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+@dataclass(frozen=True)
+class StepChanges:
+    """How one meter's per-step change Δ (what DeltaTTG redistributes credit by, Eq. 8) follows a reference's, on the
+    steps both read (both states valid; the terminal state anchored at 0 or C, so the last step counts too):
+    Spearman of the two Δ; the share of steps whose sign — progress (Δ > 0), none (Δ = 0), regress (Δ < 0) — agrees;
+    and, where recorded trajectories share a decision state and take different actions from it (``sibling_pairs``
+    such pairs), the share of pairs both order alike by Δ (the reference's ties left out, the meter's ties count ½)."""
+
+    steps: int
+    delta_spearman: float
+    delta_sign_agreement: float
+    sibling_pairs: int
+    sibling_ranking: float
+    failure_cost: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"steps": self.steps, "delta_spearman": self.delta_spearman,
+                "delta_sign_agreement": self.delta_sign_agreement, "sibling_pairs": self.sibling_pairs,
+                "sibling_ranking": self.sibling_ranking, "failure_cost": self.failure_cost}  # fmt: skip
+
+
+def sibling_steps(trajectories: Sequence[Trajectory]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Every pair of steps ((i, t), (j, t)) whose trajectories share the decision state h_t and take different
+    actions from it (GRPO's groups share their first state; a pool's trajectories of one task share theirs)."""
+    from deltattg.data.trajectory import action_texts, decision_state_keys
+
+    by_state: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    for i, trajectory in enumerate(trajectories):
+        for t, (key, action) in enumerate(zip(decision_state_keys(trajectory), action_texts(trajectory))):
+            if key is not None:
+                by_state.setdefault((t, key), []).append((i, action))
+    pairs = []
+    for (t, _), members in by_state.items():
+        for a, (i, action_i) in enumerate(members):
+            pairs += [((i, t), (j, t)) for j, action_j in members[a + 1:] if action_j != action_i]
+    return pairs
+
+
+def step_change_agreement(trajectories: Sequence[Trajectory], ours: Sequence[Sequence[Any]],
+                          theirs: Sequence[Sequence[Any]], failure_cost: float) -> StepChanges:
+    """:class:`StepChanges` of ``ours`` against ``theirs``: ``read_states`` rows of the same trajectories."""
+    mine = [step_changes(t.success, row, failure_cost) for t, row in zip(trajectories, ours)]
+    reference = [step_changes(t.success, row, failure_cost) for t, row in zip(trajectories, theirs)]
+    pairs = [(a, b) for row_a, row_b in zip(mine, reference) for a, b in zip(row_a, row_b)
+             if a is not None and b is not None]  # fmt: skip
+    orders = []
+    for (i, t), (j, u) in sibling_steps(trajectories):
+        a, b, x, y = mine[i][t], mine[j][u], reference[i][t], reference[j][u]
+        if None not in (a, b, x, y) and x != y:
+            orders.append(1.0 if sign(a - b) == sign(x - y) else 0.5 if a == b else 0.0)
+    return StepChanges(len(pairs), spearman([a for a, _ in pairs], [b for _, b in pairs]),
+                       mean([sign(a) == sign(b) for a, b in pairs]), len(orders), mean(orders), failure_cost)
+
+
+def default_failure_cost(trajectories: Sequence[Trajectory], reference: Sequence[Sequence[Any]]) -> float:
+    """A failure cost C above every Token-to-Go (as Table 4 chooses it): the smallest power of two of at least twice
+    the largest the reference reads on a completable state or the data's successful trajectories took."""
+    largest = [float(r.tokens_to_go) for row in reference for r in row
+               if r is not None and r.can_complete and r.tokens_to_go is not None]  # fmt: skip
+    largest += [float(sum(t.step_tokens or [])) for t in trajectories if t.success]
+    return float(2 ** math.ceil(math.log2(max(2 * max(largest, default=1.0), 2.0))))
 
 
 # ---- calibration of the completion probability ----------------------------------------------------------------------

@@ -41,6 +41,11 @@ HOUSEHOLD_OPTIONS: dict[str, Any] = {  # HouseholdConfig knobs over HouseholdCon
 }
 
 
+RECOMMENDED_ARM = "deltattg_robust@best-of-k"
+"""The recommended planner-free arm: robust DeltaTTG with a meter learned from best-of-k labels (safer than
+``deltattg`` with a learned meter; at 20 seeds no different from GRPO: docs/benchmarks.md)."""
+
+
 @dataclass(frozen=True)
 class RegimeConfig:
     """The demo's settings. Sections: environment and prompt; the actor and its behaviour cloning; the trajectory
