@@ -95,6 +95,7 @@ from deltattg.regime.stages import (
     Arm,
     label_settings,
     labelled_meter,
+    policy_states,
     pool_labels,
     process_settings,
     train_meter,
@@ -511,7 +512,20 @@ def common_states(rows: Sequence[Sequence[Sequence[object]]]) -> list[list[list[
             for reader in rows]  # fmt: skip
 
 
-STATE_SETS = {"held-out": "the held-out pool tasks' states", "training": "the meters' own training states"}
+STATE_SETS = {"held-out": "the held-out pool tasks' states", "training": "the meters' own training states",
+              "current policy": "the states an RL-trained actor visits (its latest checkpoint, evaluation tasks)"}
+POLICY_TASKS = 64  # evaluation tasks the current policy plays, 4 episodes each (a group shares its first state)
+
+
+def current_policy(folder: Path, arms: Sequence[Arm]) -> Path | None:
+    """The actor of the latest checkpoint of the first of ``arms`` that has run under the seed's ``folder``."""
+    from deltattg.train.checkpoint import ACTOR, latest_checkpoint
+
+    for arm in arms:
+        found = latest_checkpoint(folder / arm.folder)
+        if found is not None:
+            return found / ACTOR
+    return None
 FIT_KEYS = ("states", "steps", "b_balanced_accuracy", "ttg_spearman", "delta_spearman", "delta_sign_agreement",
             "sibling_pairs", "sibling_ranking", "completion_accuracy", "calibration_error")  # fmt: skip
 
@@ -540,9 +554,15 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
                                           label_settings(config, source, folder / meter_folder(0)),
                                           folder / f"labels-{source}.jsonl", folder / meter_folder(0))[0]
                       for source in needed.sources}  # fmt: skip
-            for state_set, trajectories in (("held-out", seed_folder.heldout_pool), ("training", seed_folder.train_pool)):
-                readings = []
-                for row in rows:
+            state_sets = {"held-out": seed_folder.heldout_pool, "training": seed_folder.train_pool}
+            policy = current_policy(folder, arms)
+            if policy is not None:
+                state_sets["current policy"] = policy_states(config, seed_folder.world, policy, actor.tokenizer,
+                                                             POLICY_TASKS)  # fmt: skip
+                print(f"[bench] seed {seed}: current-policy states from {policy}", file=sys.stderr, flush=True)
+            for state_set, trajectories in state_sets.items():
+                readings, here = [], [row for row in rows if row.kind != "labels" or state_set != "current policy"]
+                for row in here:  # (the current policy's states have no labels)
                     if row.kind == "labels":  # the labels themselves (checked against the pool), read as a meter
                         readings.append([[MeterOutput(label.can_complete, label.tokens_to_go)
                                           for label in labels[row.label_source][t.id][:-1]] for t in trajectories])
@@ -552,7 +572,7 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
                         readings.append(read_states(load_meter(folder / row.kind), trajectories)[0])
                 readings = common_states(readings)
                 planner = readings[-1]
-                for row, read in zip(rows, readings):
+                for row, read in zip(here, readings):
                     fit = fit_of(trajectories, read)
                     agree = agreement_of(trajectories, read, planner, config.credit.failure_cost)
                     numbers.setdefault((state_set, row.name), []).append(
@@ -562,12 +582,14 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
     records = [{"meter": row.name, "label_source": row.label_source, "recommended": row.recommended,
                 "state_set": state_set, "seeds": list(args.seeds),
                 **{key: mean_of([n[key] for n in numbers[state_set, row.name]]) for key in FIT_KEYS}}
-               for state_set in STATE_SETS for row in rows]  # fmt: skip
+               for state_set in STATE_SETS for row in rows if (state_set, row.name) in numbers]  # fmt: skip
     header = ("meter (label source)", "states", "steps", "b balanced acc. vs planner", "Spearman v̂ vs planner's v",
               "Δ Spearman vs planner's", "Δ sign agreement", "sibling ranking (pairs)", "completion acc. %",
               "ECE of p̃")  # fmt: skip
     tables, parts = {}, []
     for state_set, what in STATE_SETS.items():
+        if not any(r["state_set"] == state_set for r in records):
+            continue
         table = [[r["meter"] + (" (recommended)" if r["recommended"] else ""), f"{r['states']:.0f}",
                   f"{r['steps']:.0f}", three_decimals(r["b_balanced_accuracy"]), three_decimals(r["ttg_spearman"]),
                   three_decimals(r["delta_spearman"]), three_decimals(r["delta_sign_agreement"]),

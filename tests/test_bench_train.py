@@ -343,10 +343,12 @@ def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(
     assert {p: p.read_bytes() for p in archive.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_meter_fit_reports_what_credit_reads_for_the_recommended_meter_by_default(tmp_path):
     """``--meter-fit`` without ``--arms`` fits the recommended arm's meter and reads every row — its meter, its
     labels, the belief reference, the planner — on one set of states per table, held-out and training, with Δ and
-    sibling ranking; ``--summary`` lists the numbers as records."""
+    sibling ranking; ``--summary`` lists the numbers as records. Once an arm has run, the states its actor visits are
+    read too."""
     from deltattg.regime.config import RECOMMENDED_ARM
 
     out, summary = tmp_path / "bench", tmp_path / "fit.json"
@@ -369,3 +371,14 @@ def test_meter_fit_reports_what_credit_reads_for_the_recommended_meter_by_defaul
         for key in ("delta_spearman", "delta_sign_agreement", "sibling_ranking", "b_balanced_accuracy"):
             assert key in recommended[0]
     assert "### On the meters' own training states" in done.stdout
+    assert "current policy" not in {r["state_set"] for r in records}  # nothing has run yet
+
+    trained = subprocess.run(command[:2] + ["--quick", "--arms", "grpo", "--seeds", "0", "--out", str(out)],
+                             capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["meter"]: r for r in json.loads(summary.read_text())["meters"] if r["state_set"] == "current policy"}
+    assert "labels: best-of-k" not in rows and {"belief", "oracle"} <= set(rows)  # no labels on those states
+    assert rows["oracle"]["states"] > 20 and rows["oracle"]["delta_spearman"] == 1.0
+    assert "grpo/checkpoints/step-" in done.stderr

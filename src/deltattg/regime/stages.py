@@ -157,6 +157,22 @@ def collect_pool(config: RegimeConfig, world: World, actor: BaseActor) -> list[T
     return pool
 
 
+def policy_states(config: RegimeConfig, world: World, actor_folder: Path, tokenizer: Any, tasks: int,
+                  group_size: int = 4) -> list[Trajectory]:
+    """Rollouts of the actor saved in ``actor_folder`` (an RL checkpoint's) on ``tasks`` tasks of the evaluation split
+    (all of them where it has fewer), ``group_size`` each as GRPO samples them (so each group shares its first
+    state): the states the current policy visits, which the pool never held."""
+    spec = replace(parse_policy(f"lm:{actor_folder}"), alias="policy")
+    episodes = group_size * min(tasks, len(world.make_env().tasks(config.eval_split)))
+    rollouts = collect(world.make_env, config.eval_split, [spec], episodes=episodes, group_size=group_size,
+                       seed=config.seed, sampling=sampling(config), max_turns=config.max_turns, prompt=world.prompt,
+                       progress=False)  # fmt: skip
+    for trajectory in rollouts:
+        if trajectory.step_tokens is None:
+            trajectory.step_tokens = count_step_tokens(trajectory.messages or [], tokenizer)
+    return rollouts
+
+
 def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, float, float]]:
     """Per policy: (episodes, success rate, mean steps)."""
     out = {}
