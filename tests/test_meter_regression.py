@@ -255,3 +255,59 @@ def test_a_nan_from_the_head_is_an_invalid_reading_and_extremes_are_clamped():
     assert small == MeterOutput(can_complete=False, tokens_to_go=0.0, logit=-1e9, probability=0.0)
     assert readings_from_head(torch.tensor([[inf, -1e30]]), "score") == [MeterOutput(logit=1e9, score=-1e9)]
     assert all(math.isfinite(v) for r in (big, small) for v in r.to_json().values() if not isinstance(v, bool))
+
+
+def test_step_pairs_join_consecutive_states_of_one_window_only():
+    from deltattg.meter.regression import Window
+    from deltattg.meter.train_regression import step_pairs
+
+    windows = [Window([1] * 9, [2, 5, 8], [0, 1, 2], [0, 3, 6]), Window([1] * 6, [2, 5], [3, 4], [0, 3]),
+               Window([1] * 3, [2], [0], [0])]  # a long trajectory's two windows, then a one-state one
+    first, second = step_pairs(windows)
+    assert list(zip(first.tolist(), second.tolist())) == [(0, 1), (1, 2), (3, 4)]
+
+
+def test_the_step_change_loss_reads_the_change_in_tokens_and_vanishes_where_it_is_exact():
+    from deltattg.meter.train_regression import step_change_loss
+
+    tokens = torch.tensor([30.0, 25.0, 25.0, 12.0])
+    known = torch.tensor([True, True, True, False])
+    first, second = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3])
+    exact = torch.log1p(tokens).requires_grad_()
+    assert step_change_loss(exact, tokens, known, first, second).item() == pytest.approx(0.0, abs=1e-9)
+    # the same absolute error on every state leaves log1p readings' changes almost right; one state off is not
+    shifted = (torch.log1p(tokens) + torch.tensor([0.0, 0.2, 0.0, 0.0])).requires_grad_()
+    loss = step_change_loss(shifted, tokens, known, first, second)
+    loss.backward()
+    assert loss.item() > 0.01 and shifted.grad[1] > 0 and shifted.grad[3] == 0  # pushes state 1 down; 3 is unknown
+    assert step_change_loss(exact, tokens, torch.zeros(4, dtype=torch.bool), first, second).item() == 0.0
+
+
+def test_the_step_change_loss_needs_the_backbone_trained(tmp_path):
+    meter = tiny_meter()
+    config = RegressionTrainConfig(output_dir=str(tmp_path / "m"), freeze_backbone=True, delta_weight=1.0,
+                                   progress=False)
+    with pytest.raises(ValueError, match="freeze_backbone off"):
+        train_regression_meter(meter, [], [], config)
+
+
+def test_training_with_the_step_change_loss_fits_the_changes(tmp_path):
+    """End to end with the Δ term: the meter's change from state to state follows the labels' on held-out episodes
+    better than a constant reading's would (no change at all)."""
+    meter = tiny_meter()
+    windows, examples = [], []
+    for messages, tokens in synthetic_set(40, seed=0):
+        w, e = trajectory_examples(meter, messages, True, tokens, len(windows))
+        windows += w
+        examples += e
+    config = RegressionTrainConfig(output_dir=str(tmp_path / "meter"), freeze_backbone=False, epochs=25, batch_size=8,
+                                   lr_backbone=2e-3, lr_head=2e-3, save_every=10_000, progress=False, delta_weight=1.0)
+    train_regression_meter(meter, windows, examples, config)
+    test = synthetic_set(20, seed=1)
+    errors, constant = [], []
+    for (messages, tokens), readings in zip(test, meter.score_trajectories([m for m, _ in test])):
+        truth = remaining_sums(tokens)
+        read = [r.tokens_to_go for r in readings]
+        errors += [abs((read[t] - read[t + 1]) - (truth[t] - truth[t + 1])) for t in range(len(truth) - 1)]
+        constant += [abs(truth[t] - truth[t + 1]) for t in range(len(truth) - 1)]
+    assert sum(errors) < 0.5 * sum(constant), (sum(errors), sum(constant))

@@ -61,6 +61,10 @@ class RegressionTrainConfig:
     warmup_ratio: float = 0.05
     weight_decay: float = 0.01
     regression_weight: float = 1.0
+    delta_weight: float = setting(0.0, "regression, backbone trained: weight of the step-change loss — smooth-L1 "
+                                  "between the predicted and the target change of Token-to-Go from each decision "
+                                  "state to the next (the Δ DeltaTTG's credit reads, Eq. 8), in units of the batch's "
+                                  "mean absolute change; 0 = off")
     save_every: int = 200
     seed: int = setting(0, "seed of the head's initialisation and the example order")
     progress: bool = True
@@ -160,6 +164,33 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
     return losses
 
 
+def step_pairs(windows: Sequence[Window]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (first, second) into the reads of ``windows`` taken in order (as ``boundary_features`` returns them)
+    of every two consecutive decision states t and t+1 read in the same window."""
+    first, offset = [], 0
+    for window in windows:
+        first += [offset + r for r in range(len(window.steps) - 1) if window.steps[r + 1] == window.steps[r] + 1]
+        offset += len(window.steps)
+    index = torch.tensor(first, dtype=torch.long)
+    return index, index + 1
+
+
+def step_change_loss(values: torch.Tensor, tokens_to_go: torch.Tensor, known: torch.Tensor, first: torch.Tensor,
+                     second: torch.Tensor) -> torch.Tensor:
+    """Smooth-L1 between the predicted and the target change of Token-to-Go, v_t − v_{t+1}, over the consecutive
+    pairs (``first``, ``second``) whose Token-to-Go is ``known`` at both ends; ``values`` are the head's log1p
+    readings. Both changes are divided by the pairs' mean absolute target change, so the loss reads in units of a
+    typical step whatever the tokenizer (0 where no pair is known)."""
+    both = known[first] & known[second]
+    if not both.any():
+        return values.sum() * 0.0
+    a, b = first[both], second[both]
+    predicted = torch.expm1(values[a].clamp(max=20.0)) - torch.expm1(values[b].clamp(max=20.0))
+    target = (tokens_to_go[a] - tokens_to_go[b]).float()
+    unit = target.abs().mean().clamp(min=1.0)
+    return torch.nn.functional.smooth_l1_loss(predicted / unit, target / unit)
+
+
 def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples: Sequence[Example], config: RegressionTrainConfig) -> list[float]:
     """Backbone + head together, windows in mini-batches; checkpoints every ``save_every`` steps and resumes."""
     output = Path(config.output_dir)
@@ -194,8 +225,13 @@ def train_end_to_end(meter: RegressionMeter, windows: Sequence[Window], examples
             can, value, known = _targets(targets, meter.config.target)
             features = meter.boundary_features(batch)
             members = head_members(meter.head)  # an ensemble: each head learns the targets, the mean loss steps
-            loss = sum(meter_loss(meter.config.target, head(features), can, value, config.regression_weight, known)
-                       for head in members) / len(members)  # fmt: skip
+            outputs = [head(features) for head in members]
+            loss = sum(meter_loss(meter.config.target, out, can, value, config.regression_weight, known)
+                       for out in outputs) / len(members)  # fmt: skip
+            if config.delta_weight:
+                first, second = step_pairs(batch)
+                loss = loss + config.delta_weight * sum(step_change_loss(out[:, 1], value, known, first, second)
+                                                        for out in outputs) / len(members)  # fmt: skip
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(meter.parameters(), 1.0)
@@ -290,6 +326,9 @@ def train_regression_meter(
     Head k of the meter (k = 0 for a single head, 0..N−1 for an ensemble) is initialised and, on frozen features,
     shuffled from seed ``config.seed + k``: an ensemble's heads are the single heads of seeds seed..seed+N−1. The
     report's ``losses`` are the first head's (``head_losses`` has every head's)."""
+    if config.delta_weight and (config.freeze_backbone or meter.config.target != "ttg"):
+        raise ValueError("delta_weight trains the step change of Token-to-Go with the backbone: it needs "
+                         "freeze_backbone off and the ttg target")
     torch.manual_seed(config.seed)
     output = Path(config.output_dir)
     members = head_members(meter.head)

@@ -88,6 +88,7 @@ class RegimeConfig:
     meter_epochs: int = 6
     meter_batch_size: int = 16
     meter_lr: float = 1e-3
+    meter_delta_weight: float = 0.0  # weight of the step-change loss (RegressionTrainConfig.delta_weight)
 
     # ---- where the learned meters' labels come from (``rollout.label_sources``; arms ``METHOD@SOURCE``) ----
     label_completer: str = ACTOR_IN_POOL  # rollout / best-of-k: the base actor (no planner); expert:EPS = a reference

@@ -200,7 +200,8 @@ def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokeni
     windows, examples = records_examples(meter, trajectories, labels)  # the meter's target is TTG: the reward is not read
     settings = RegressionTrainConfig(output_dir=str(folder), freeze_backbone=False, epochs=config.meter_epochs,
                                      batch_size=config.meter_batch_size, lr_backbone=config.meter_lr,
-                                     lr_head=config.meter_lr, save_every=10**9,  # no checkpoints: nothing to resume
+                                     lr_head=config.meter_lr, delta_weight=config.meter_delta_weight,
+                                     save_every=10**9,  # no checkpoints: nothing to resume
                                      seed=config.seed, progress=False)  # fmt: skip
     report = train_regression_meter(meter.to(torch_device("auto")), windows, examples, settings)
     if heldout:
