@@ -103,7 +103,7 @@ from deltattg.regime.stages import (
 from deltattg.data.jsonl import atomic_output
 from deltattg.report import markdown_table, percent, spread, three_decimals
 from deltattg.settings import setting_default, setting_help
-from deltattg.summaries import machine_text
+from deltattg.summaries import finite, machine_text
 from deltattg.train import read_metrics, resolve, train
 
 RUN_LENGTH = ("steps", "eval_every", "eval_tasks")  # RegimeConfig fields the command line sets directly
@@ -548,7 +548,7 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
                                        allow_mixed=args.allow_mixed, need_pool=True)  # fmt: skip
             actor = seed_folder.actor
             if not (folder / "meter-no-turns" / "meter_config.json").is_file():
-                train_meter(config, seed_folder.train_pool, actor.tokenizer, folder / "meter-no-turns",
+                train_meter(config, seed_folder.train_pool, actor, folder / "meter-no-turns",
                             seed_folder.heldout_pool, turns_left=False)  # fmt: skip
             labels = {source: pool_labels(config, seed_folder.world, actor, seed_folder.pool,
                                           label_settings(config, source, folder / meter_folder(0)),
@@ -632,20 +632,6 @@ def demo_setting(text: str) -> tuple[str, object]:
         return name, coerce(value, kind, name)
     except (ValueError, TypeError) as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-
-
-def finite(value: object) -> object:
-    """``value`` with every non-finite number written as JSON can read it (NaN: null; ±∞: the strings "inf" and
-    "-inf") and every other object as itself or its string."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    return str(value)
 
 
 def count(low: int) -> Callable[[str], int]:
@@ -754,7 +740,7 @@ def work(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> str:
         from deltattg.summaries import write_summary
 
         write_summary(args.summary, "bench_train", shlex.split(command), tables, figures=summary_figures,
-                      measured_on=measured_on, records={"meters": finite(records)} if args.meter_fit else None)
+                      measured_on=measured_on, records={"meters": records} if args.meter_fit else None)
     return text
 
 

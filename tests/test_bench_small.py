@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import bench_script
 
@@ -42,3 +44,29 @@ def test_run_deltattg_logs_each_command_and_stops_the_benchmark_on_a_failure(tmp
         run_deltattg(["labels", missing, "--out", str(tmp_path / "l.jsonl")], log)
     with pytest.raises(SystemExit, match="exited 2:\n.*missing.jsonl"):
         run_deltattg(["labels", missing, "--out", str(tmp_path / "l.jsonl")])
+
+
+def test_meter_candidates_set_meter_fields_only():
+    bench = bench_script("bench_meter_candidates")
+    assert bench.overrides("meter_epochs=3,meter_delta_weight=1.5,meter_init=actor") == {
+        "meter_epochs": 3, "meter_delta_weight": 1.5, "meter_init": "actor"}
+    for bad in ("optim.lr=1e-3", "pool_episodes=3", "meter_epochs=three"):
+        with pytest.raises((ValueError, TypeError)):
+            bench.overrides(bad)
+
+
+def test_meter_candidates_train_each_recipe_on_each_label_source_and_read_it_against_the_planner(tmp_path):
+    """The learnability check's labels are the planner's own readings: a recipe trained on them, and one trained on
+    the regime's best-of-k labels, each kept under the seed and read on held-out and training states."""
+    bench = bench_script("bench_meter_candidates")
+    summary = tmp_path / "candidates.json"
+    assert bench.main(["--quick", "--seeds", "0", "--out", str(tmp_path / "bench"), "--labels", "planner",
+                       "best-of-k", "--candidates", "one=meter_epochs=1", "--summary", str(summary)]) == 0
+    records = json.loads(summary.read_text())["candidates"]
+    assert [(r["candidate"], r["labels"]) for r in records] == [("one", "planner"), ("one", "best-of-k")]
+    for record in records:
+        assert record["held-out"]["states"] > 20 and record["training"]["steps"] > 20
+        assert {"delta_spearman", "sibling_ranking", "b_balanced_accuracy"} <= set(record["held-out"])
+        assert record["train_seconds"] > 0
+    meters = sorted(p.name for p in (tmp_path / "bench" / "seed-0" / "candidates").iterdir())
+    assert meters == ["best-of-k-one", "planner-one"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -113,6 +114,20 @@ def figure_png(figure: dict[str, Any]) -> bytes:
     return getattr(importlib.import_module(module), function)(**data)
 
 
+def finite(value: object) -> object:
+    """``value`` with every non-finite number written as JSON can read it (NaN: null; ±∞: the strings "inf" and
+    "-inf") and every other object as itself or its string."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
 def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], tables: dict[str, Table],
                   figures: dict[str, dict] | None = None, measured_on: dict[str, Any] | None = None,
                   records: dict[str, list[dict]] | None = None) -> None:
@@ -128,7 +143,7 @@ def write_summary(path: str | os.PathLike, name: str, argv: Sequence[str], table
                "machine": measured_on or machine(),
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                "tables": {name: table(*columns_rows) for name, columns_rows in tables.items()},
-               "figures": figures or {}, **(records or {})}  # fmt: skip
+               "figures": figures or {}, **finite(records or {})}  # fmt: skip
     with atomic_output(path) as handle:
         json.dump(summary, handle, indent=2, ensure_ascii=False)
         handle.write("\n")

@@ -89,6 +89,7 @@ class RegimeConfig:
     meter_batch_size: int = 16
     meter_lr: float = 1e-3
     meter_delta_weight: float = 0.0  # weight of the step-change loss (RegressionTrainConfig.delta_weight)
+    meter_init: str = "scratch"  # the backbone: "scratch" (meter_hidden × meter_layers) or "actor" (the BC actor's)
 
     # ---- where the learned meters' labels come from (``rollout.label_sources``; arms ``METHOD@SOURCE``) ----
     label_completer: str = ACTOR_IN_POOL  # rollout / best-of-k: the base actor (no planner); expert:EPS = a reference

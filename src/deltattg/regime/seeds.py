@@ -262,7 +262,7 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, *, allow_mi
     with stage("3 progress meter"):
         train_pool, heldout = prepared.train_pool, prepared.heldout_pool
         for k in missing:  # member k's backbone and shuffles from seed + 1000·k, on the same pool
-            train_meter(config.replace(seed=config.seed + 1000 * k), train_pool, actor.tokenizer,
+            train_meter(config.replace(seed=config.seed + 1000 * k), train_pool, actor,
                         folder / meter_folder(k), heldout)  # fmt: skip
         if generative_missing:
             train_generative_meter(config, train_pool, folder / GENERATIVE_METER, heldout)
@@ -271,7 +271,7 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, *, allow_mi
             labels, report = pool_labels(config, world, actor, prepared.pool, settings,
                                          folder / f"labels-{source}.jsonl", folder / meter_folder(0))  # fmt: skip
             meter = folder / labelled_meter(source)
-            train_meter(config, train_pool, actor.tokenizer, meter, heldout, labels=labels, labelling=settings)
+            train_meter(config, train_pool, actor, meter, heldout, labels=labels, labelling=settings)
             (meter / "labels_report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     with atomic_output(prepared.settings_file) as handle:
         handle.write(settings_text(config, folder, world.prompt.layout))

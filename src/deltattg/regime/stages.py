@@ -12,6 +12,7 @@ seed's preparation and runs, for ``deltattg demo`` and ``bench/bench_train.py`` 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import random
@@ -183,18 +184,30 @@ def policy_success(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, f
 
 
 # ---- stage 3: the progress meter -------------------------------------------------------------------------------------
-def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], tokenizer: Any, folder: Path,
+def meter_backbone(config: RegimeConfig, actor: BaseActor) -> Any:
+    """The meter's backbone before training: a tiny Llama from scratch over the actor's tokenizer
+    (``meter_init="scratch"``), or a copy of the actor's own decoder (``"actor"``: the behaviour-cloned policy's
+    weights, as SPA-RL and PRIME start their estimators from the policy)."""
+    if config.meter_init not in ("scratch", "actor"):
+        raise ValueError(f"meter_init must be scratch or actor, got {config.meter_init!r}")
+    if config.meter_init == "actor":
+        return copy.deepcopy(getattr(actor.model, "model", actor.model)).float()
+    return tiny_llama(actor.tokenizer, hidden=config.meter_hidden, layers=config.meter_layers,
+                      heads=config.meter_heads, max_positions=config.meter_max_length, seed=config.seed).model
+
+
+def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], actor: BaseActor, folder: Path,
                 heldout: Sequence[Trajectory] = (), *, turns_left: bool = True,
                 labels: dict[str, list[StateLabel]] | None = None, labelling: LabelSettings = LabelSettings()) -> dict:
-    """A regression meter (tiny Llama backbone over the actor's tokenizer + head) trained end to end on every
+    """A regression meter (:func:`meter_backbone` over the actor's tokenizer + head) trained end to end on every
     decision state of ``trajectories`` (Eq. 1–2 labels, or ``labels`` by trajectory id from the source
     ``labelling``; each state marked with the turns left unless ``turns_left`` is off), its completion temperature
     fitted on the ``heldout`` trajectories' states against the same labels, saved to ``folder``; returns the training
     report (with ``calibration``)."""
-    backbone = tiny_llama(tokenizer, hidden=config.meter_hidden, layers=config.meter_layers, heads=config.meter_heads,
-                          max_positions=config.meter_max_length, seed=config.seed).model  # fmt: skip
+    tokenizer = actor.tokenizer
+    backbone = meter_backbone(config, actor)
     meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
-                                                                  head_hidden=4 * config.meter_hidden,
+                                                                  head_hidden=4 * backbone.config.hidden_size,
                                                                   turn_limit=config.max_turns if turns_left else None,
                                                                   labels=labelling.to_json()))  # fmt: skip
     windows, examples = records_examples(meter, trajectories, labels)  # the meter's target is TTG: the reward is not read
