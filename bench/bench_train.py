@@ -590,13 +590,13 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
     for state_set, what in STATE_SETS.items():
         if not any(r["state_set"] == state_set for r in records):
             continue
-        table = [[r["meter"] + (" (recommended)" if r["recommended"] else ""), f"{r['states']:.0f}",
+        table = [[r["meter"] + (" ★" if r["recommended"] else ""), f"{r['states']:.0f}",
                   f"{r['steps']:.0f}", three_decimals(r["b_balanced_accuracy"]), three_decimals(r["ttg_spearman"]),
                   three_decimals(r["delta_spearman"]), three_decimals(r["delta_sign_agreement"]),
                   f"{three_decimals(r['sibling_ranking'])} ({r['sibling_pairs']:.0f})",
                   percent(r["completion_accuracy"]), three_decimals(r["calibration_error"])]
                  for r in records if r["state_set"] == state_set]  # fmt: skip
-        tables[f"meters {state_set}"] = (header, table)
+        tables[f"meters_{state_set.replace(' ', '-')}"] = (header, table)
         parts += [f"### On {what}", markdown_table(header, table)]
     first = seed_config(args, args.seeds[0])
     text = "\n\n".join([
@@ -609,7 +609,8 @@ def meter_fit_report(args: argparse.Namespace, arms: Sequence[Arm]) -> tuple[str
         "a state and act differently from it) both order alike. Completion accuracy: b̂ against the trajectory's "
         f"outcome. Label sources complete with {first.label_completer!r} (K = {first.label_completions}); 'labels: X' "
         "rows read the labels themselves; belief: the planner over the worlds the history allows (the ceiling of "
-        "a history reader).", *parts])  # fmt: skip
+        f"a history reader); ★: the meter {RECOMMENDED_ARM} reads (recommended over deltattg with a learned "
+        "meter).", *parts])  # fmt: skip
     return text, tables, records
 
 
