@@ -119,10 +119,9 @@ def run(args: argparse.Namespace, settings: dict[str, dict]) -> list[dict]:
                                     need_pool=True)  # fmt: skip
             actor, oracle = prepared.actor, planner_meter("oracle", prepared.actor.tokenizer)
             sets = {"held-out": prepared.heldout_pool, "training": prepared.train_pool}
-            run_folder = next((folder / arm for arm in ("grpo",) if latest_checkpoint(folder / arm)), None)
-            if run_folder is not None:
-                sets["current policy"] = policy_states(config, prepared.world, latest_checkpoint(run_folder) / ACTOR,
-                                                       actor.tokenizer, 64)  # fmt: skip
+            checkpoint = latest_checkpoint(folder / "grpo")  # GRPO's actor, where it has run
+            if checkpoint is not None:
+                sets["current policy"] = policy_states(config, prepared.world, checkpoint / ACTOR, actor.tokenizer, 64)
             planner = {name: read_states(oracle, trajectories)[0] for name, trajectories in sets.items()}
             for source in args.labels:
                 if source == "best-of-k":

@@ -143,6 +143,26 @@ def test_train_meter_no_progress_prints_no_bar(tmp_path, meter_dir, capfd):
     assert "head epochs" not in err and "it/s" not in err and "saved the meter" in err
 
 
+def test_train_meter_delta_weight_reaches_the_loss_and_needs_the_backbone(tmp_path, meter_dir, capsys):
+    """``--delta-weight`` trains the step change with the backbone (``--full``): the meter it gives differs from the
+    one the same seed gives without it; without ``--full`` it is a usage error before any work, nothing at --out."""
+    import torch
+
+    src = tmp_path / "apb.jsonl"
+    src.write_text("".join(json.dumps(apb_record(i, i % 2 == 0, 1 + i % 3)) + "\n" for i in range(6)))
+    common = ["--model", str(meter_dir / "backbone"), "--tokenizer", str(meter_dir / "backbone"), "--full",
+              "--epochs", "1", "--no-progress"]
+    assert main(["train-meter", str(src), "--out", str(tmp_path / "plain"), *common]) == 0
+    assert main(["train-meter", str(src), "--out", str(tmp_path / "delta"), "--delta-weight", "3", *common]) == 0
+    plain, delta = (torch.load(tmp_path / name / "head.pt", weights_only=True) for name in ("plain", "delta"))
+    assert any(not torch.equal(plain[k], delta[k]) for k in plain)
+    capsys.readouterr()
+    assert exit_status(["train-meter", str(src), "--out", str(tmp_path / "x"), *common[:4], "--delta-weight", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--delta-weight" in err and "needs --full" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_score_loss_by_hand():
     import torch
 

@@ -124,13 +124,19 @@ def synthetic_set(n: int, seed: int):
     return data
 
 
-def test_training_fits_token_to_go_better_than_the_mean(tmp_path):
-    meter = tiny_meter()
+def synthetic_examples(meter: RegressionMeter) -> tuple[list, list]:
+    """The windows and examples of ``synthetic_set(40, seed=0)``, every episode successful."""
     windows, examples = [], []
     for messages, tokens in synthetic_set(40, seed=0):
         w, e = trajectory_examples(meter, messages, True, tokens, len(windows))
         windows += w
         examples += e
+    return windows, examples
+
+
+def test_training_fits_token_to_go_better_than_the_mean(tmp_path):
+    meter = tiny_meter()
+    windows, examples = synthetic_examples(meter)
     config = RegressionTrainConfig(output_dir=str(tmp_path / "meter"), freeze_backbone=False, epochs=25, batch_size=8,
                                    lr_backbone=2e-3, lr_head=2e-3, save_every=10_000, progress=False)
     train_regression_meter(meter, windows, examples, config)
@@ -295,11 +301,7 @@ def test_training_with_the_step_change_loss_fits_the_changes(tmp_path):
     """End to end with the Δ term: the meter's change from state to state follows the labels' on held-out episodes
     better than a constant reading's would (no change at all)."""
     meter = tiny_meter()
-    windows, examples = [], []
-    for messages, tokens in synthetic_set(40, seed=0):
-        w, e = trajectory_examples(meter, messages, True, tokens, len(windows))
-        windows += w
-        examples += e
+    windows, examples = synthetic_examples(meter)
     config = RegressionTrainConfig(output_dir=str(tmp_path / "meter"), freeze_backbone=False, epochs=25, batch_size=8,
                                    lr_backbone=2e-3, lr_head=2e-3, save_every=10_000, progress=False, delta_weight=1.0)
     train_regression_meter(meter, windows, examples, config)

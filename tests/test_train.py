@@ -373,7 +373,7 @@ def test_on_policy_refresh_trains_the_meter_head_and_resumes_exactly(tmp_path, a
     state = torch.load(b / "checkpoints" / "step-4" / "trainer_state.pt", weights_only=True)
     saved = RegressionMeter.from_pretrained(meter_dir).head.state_dict()
     assert any(not torch.equal(state["meter_head"][k], saved[k]) for k in saved)  # the head did move
-    with pytest.raises(ValueError, match="the oracle is the planner"):
+    with pytest.raises(ValueError, match="oracle reads the planner"):
         small_config(tmp_path / "d", actor_dir, "deltattg", "oracle", "meter.refresh_every=1")
 
 

@@ -46,7 +46,8 @@ def _kind_options() -> dict[str, tuple[str, str, object]]:
                   "--ensemble": ("ensemble", RegressionConfig.ensemble), "--layer": ("layer", RegressionConfig.layer),
                   "--pooling": ("pooling", RegressionConfig.pooling),
                   "--max-message-chars": ("max_message_chars", RegressionConfig.max_message_chars),
-                  "--head-epochs": ("head_epochs", RegressionTrainConfig.head_epochs), "--full": ("full", False)}
+                  "--head-epochs": ("head_epochs", RegressionTrainConfig.head_epochs), "--full": ("full", False),
+                  "--delta-weight": ("delta_weight", RegressionTrainConfig.delta_weight)}
     generative = {"--stage": ("stage", GENERATIVE_STAGE), "--lora": ("lora", False)}
     return {**{flag: ("regression", *v) for flag, v in regression.items()},
             **{flag: ("generative", *v) for flag, v in generative.items()}}
@@ -76,6 +77,9 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
 
     check_out(args.out, args.data, args.split, args.bootstrap_meter, folder=True)
     _check_kind_options(args)
+    if args.delta_weight and (not args.full or args.target != "ttg"):
+        raise UsageError("--delta-weight trains the step change of Token-to-Go with the backbone: it needs --full and "
+                         "--target ttg")
     labelling = label_settings(args)
     check_meter_output(args.out, model=args.model, tokenizer=args.tokenizer)
     items = select_split(read_records(args.data, args.skip_invalid), args.split, args.subset)
@@ -104,7 +108,8 @@ def cmd_train_meter(args: argparse.Namespace) -> int:
                           "pooling": args.pooling, "target": args.target, "ensemble": args.ensemble, "layer": args.layer,
                           "turn_limit": limit, "labels": labelling.to_json()}  # fmt: skip
         train_settings = {"freeze_backbone": not args.full, "head_epochs": args.head_epochs, "epochs": args.epochs,
-                          "batch_size": args.batch_size, "seed": args.seed, "progress": args.progress}
+                          "batch_size": args.batch_size, "seed": args.seed, "progress": args.progress,
+                          "delta_weight": args.delta_weight}
         if args.lr is not None:
             train_settings["lr_head_frozen" if not args.full else "lr_backbone"] = args.lr
         report = train_regression(items, args.model, args.out, count_tokenizer=tokenizer, meter_settings=meter_settings,
@@ -282,6 +287,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_setting(train_meter, "--layer", RegressionConfig, "layer", type=positive_int)
     train_meter.add_argument("--full", action="store_true", help="regression: train the backbone too (default: frozen)")
     add_setting(train_meter, "--head-epochs", RegressionTrainConfig, "head_epochs", type=positive_int)
+    add_setting(train_meter, "--delta-weight", RegressionTrainConfig, "delta_weight", type=number(float, low=0))
     add_setting(train_meter, "--epochs", RegressionTrainConfig, "epochs", type=positive_int)
     add_setting(train_meter, "--batch-size", RegressionTrainConfig, "batch_size", type=positive_int)
     train_meter.add_argument("--lr", type=positive_float, help=f"learning rate (defaults: head {RegressionTrainConfig.lr_head_frozen:g} frozen; backbone "
