@@ -6,11 +6,15 @@ for ``--steps`` steps (same tasks in the same order, batch, group size, learning
 ``--eval-tasks`` held-out tasks every ``--eval-every`` steps. Arms are ``deltattg.regime.stages.Arm`` specs:
 
     grpo                      outcome advantages only (Eq. 14)
-    deltattg                  DeltaTTG with the learned regression meter
+    deltattg                  DeltaTTG with the learned regression meter (outcome labels, Eq. 1–2)
+    deltattg_robust@best-of-k robust DeltaTTG with a meter learned from best-of-k labels (the recommended planner-free
+                              arm; no planner anywhere)
     deltattg@generative       DeltaTTG with the paper's generative meter (SmolLM2 fine-tuned by SFT on a sample of
                               the pool: RegimeConfig.generative_*; it reads every state of a trajectory on one
                               shared prefix, and on a CPU it is the step's largest cost)
     deltattg@oracle           DeltaTTG with the household planner as the meter (what a perfect meter buys)
+    deltattg@belief           DeltaTTG with the belief reference (the planner averaged over the worlds the history
+                              allows: what a meter reading the history could buy at best)
     deltattg@oracle:0.5:0.1   the oracle with log-normal noise σ = 0.5 on v̂ and b̂ flipped with probability 0.1
     deltattg@oracle:0:0:FN:MF the oracle with a learned meter's b̂ errors: false b̂ = 0 on successes, missed b̂ = 0
                               on failures, with these probabilities
@@ -58,6 +62,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +82,7 @@ from deltattg.regime.comparison import (
 )
 from deltattg.regime.config import RECOMMENDED_ARM, RegimeConfig, regime_config
 from deltattg.regime.seeds import (
+    COSTS_FILE,
     SETTINGS_FILE,
     STAMP,
     shared_settings_hash,
@@ -107,7 +113,7 @@ from deltattg.summaries import finite, machine_text
 from deltattg.train import read_metrics, resolve, train
 
 RUN_LENGTH = ("steps", "eval_every", "eval_tasks")  # RegimeConfig fields the command line sets directly
-DEFAULT_ARMS = ("grpo", "deltattg", "deltattg@oracle", "deltattg@oracle:0.5:0.1", "deltattg@oracle:1:0.2")
+DEFAULT_ARMS = ("grpo", RECOMMENDED_ARM, "deltattg@oracle", "deltattg@belief")  # the paired comparison of the docs
 
 
 # ---- running -------------------------------------------------------------------------------------------------------
@@ -202,6 +208,49 @@ TRAINING_READINGS = (  # (column, metric, which steps, format): what each arm's 
     ("credit moved from GRPO's places %", "spread/moved", "all", "{:.1%}"),
     ("trust τ", "trust/tau", "all", "{:.2f}"),
 )
+
+
+ACCOUNTING_HEADER = ("arm", "episodes before RL (pool + label completions)", "completer tokens before RL",
+                     "episodes during RL", "actor tokens during RL", "runs one meter serves")  # fmt: skip
+
+
+def before_rl(costs: dict, arm: Arm) -> tuple[int, int]:
+    """The environment episodes and completer tokens ``arm``'s meter consumed before RL, from a seed's ``costs.json``:
+    a learned meter reads the pool and its labels' completions; GRPO and the planner-based meters read none."""
+    if arm.meter not in ("learned", "generative"):
+        return 0, 0
+    labels = costs["labels"].get(arm.labels, {}) if arm.meter == "learned" else {}
+    return costs["pool"]["episodes"] + labels.get("episodes", 0), labels.get("completer_tokens", 0)
+
+
+def meter_read(arm: Arm) -> str | None:
+    """Which of a seed's learned meters ``arm`` reads (None: none, or the planner)."""
+    if arm.meter == "generative":
+        return GENERATIVE_METER
+    return f"{labelled_meter(arm.labels)}×{arm.members}" if arm.meter == "learned" else None
+
+
+def accounting_rows(args: argparse.Namespace, arms: Sequence[Arm], records: dict[str, list[list[dict]]]) -> list[list[str]]:
+    """Per arm, the mean over seeds of what it consumed before RL (:func:`before_rl`; "-" where a seed's preparation
+    predates ``costs.json``) and during RL (rollout episodes, the actor's response tokens), and how many of the
+    compared arms read one seed's meter."""
+    readers = Counter(meter_read(arm) for arm in arms)
+    costs = [args.out / f"seed-{seed}" / COSTS_FILE for seed in args.seeds]
+    recorded = [json.loads(path.read_text()) for path in costs] if all(path.is_file() for path in costs) else []
+
+    def mean_of(values: Sequence[float]) -> str:
+        return f"{statistics.mean(values):,.0f}" if values else "-"
+
+    rows = []
+    for arm in arms:
+        spent = [before_rl(seed_costs, arm) for seed_costs in recorded]
+        runs = records[arm.name]
+        episodes = [sum(r.get("rollout/trajectories", 0) for r in run) for run in runs]
+        tokens = [max((r.get("cumulative_response_tokens", 0) for r in run), default=0) for run in runs]
+        rows.append([arm.name, mean_of([e for e, _ in spent]), mean_of([t for _, t in spent]),
+                     mean_of(episodes) if any(episodes) else "-", mean_of(tokens) if any(tokens) else "-",
+                     "-" if meter_read(arm) is None else str(readers[meter_read(arm)])])  # fmt: skip
+    return rows
 
 
 def training_readings(runs: Sequence[Sequence[dict]]) -> list[str]:
@@ -346,6 +395,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         markdown_table(TEST_HEADER, test_rows),
     ] if test_rows else []  # fmt: skip
     training_header = ("arm", *(name for name, _, _, _ in TRAINING_READINGS))
+    accounting = accounting_rows(args, arms, records)
     training_rows = [[name, *training_readings(runs)] for name, runs in records.items()]
     seed_header = ("arm", "seed", "start %", "final %", "area %", f"first step ≥ {100 * target:.1f} %")
     text = "\n\n".join([
@@ -368,6 +418,12 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "(64 rollouts) over the last 10 steps; over every step, the largest step's share of a trajectory's credit, "
         "how much of its credit moved from GRPO's token shares (0 for GRPO) and the trust τ of deltattg_robust.",
         markdown_table(training_header, training_rows),
+        "## What each arm consumed",
+        "Per arm, the mean over seeds: the environment episodes and completer tokens its meter cost before RL (the "
+        "pool every learned meter reads, and its labels' completions; the base actor's demonstrations are shared by "
+        "every arm and not counted), the rollout episodes and actor response tokens of RL itself, and how many of "
+        "these arms read one seed's meter.",
+        markdown_table(ACCOUNTING_HEADER, accounting),
         "## Per seed",
         markdown_table(seed_header, seed_rows),
     ])  # fmt: skip
@@ -376,12 +432,14 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
                "curves": {name: c.tolist() for name, c in curves.items()},
                "test": {name: values.tolist() for name, values in tests.items()},
                "tables": {"arms": (ARMS_HEADER, rows), "test": (TEST_HEADER, test_rows),
-                          "training": (training_header, training_rows), "seeds": (seed_header, seed_rows)}}  # fmt: skip
+                          "training": (training_header, training_rows), "accounting": (ACCOUNTING_HEADER, accounting),
+                          "seeds": (seed_header, seed_rows)}}  # fmt: skip
     return text + "\n", figures
 
 
 # ---- archive -------------------------------------------------------------------------------------------------------
 UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "rollout/success")  # what a collapse is read from
+ACCOUNTED = ("rollout/trajectories", "cumulative_response_tokens")  # what an arm consumed during RL
 
 
 def archived_metrics() -> tuple[str, ...]:
@@ -389,7 +447,7 @@ def archived_metrics() -> tuple[str, ...]:
     and the update readings a collapse is diagnosed from (how far each update moved the policy, the gradient's norm
     before clipping, the rollouts' success)."""
     return ("step", CURVE_METRIC, TEST_METRIC, "time/step", *(metric for _, metric, _, _ in TRAINING_READINGS),
-            *UPDATE_READINGS)  # fmt: skip
+            *UPDATE_READINGS, *ACCOUNTED)  # fmt: skip
 
 
 def archive_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[Path]:
@@ -412,6 +470,8 @@ def archive_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[Path]:
     for seed in args.seeds:
         source, target = args.out / f"seed-{seed}", args.archive / f"seed-{seed}"
         files = {target / "train.yaml": (source / "train.yaml").read_text()}
+        if (source / COSTS_FILE).is_file():
+            files[target / COSTS_FILE] = (source / COSTS_FILE).read_text()
         for arm in arms:
             records = [{k: r[k] for k in keys if k in r} for r in read_metrics(source / arm.folder)]
             files[target / arm.folder / "metrics.jsonl"] = "".join(json.dumps(r) + "\n" for r in records)

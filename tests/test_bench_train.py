@@ -163,6 +163,17 @@ def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_s
         records = [json.loads(line) for line in (seed / arm / "metrics.jsonl").open()]
         assert "test/greedy_success" in records[-1] and sum("test/greedy_success" in r for r in records) == 1
     assert "## Final success on the test split (test, 3 tasks)" in (out / "bench_train.md").read_text()
+    costs = json.loads((seed / "costs.json").read_text())  # the accounting: what each arm consumed before RL
+    pool = [json.loads(line) for line in (seed / "pool.jsonl").open()]
+    assert costs["pool"]["episodes"] == len(pool)
+    assert costs["labels"]["best-of-k"] == {"episodes": cost["completion_episodes"], "env_steps": cost["env_steps"],
+                                            "completer_tokens": cost["completer_tokens"]}
+    table = (out / "bench_train.md").read_text().split("## What each arm consumed")[1].split("## Per seed")[0]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
+    assert rows["grpo"][1:3] == ["0", "0"]
+    assert rows["deltattg@best-of-k"][1] == f"{len(pool) + cost['completion_episodes']:,}"
+    during = sum(r.get("rollout/trajectories", 0) for r in map(json.loads, (seed / "grpo" / "metrics.jsonl").open()))
+    assert during > 0 and rows["grpo"][3] == f"{during:,}" and rows["deltattg@best-of-k"][5].strip(" |") == "1"
 
 
 def test_runs_of_other_regime_settings_or_numerics_are_not_paired(tmp_path, bench_train, capsys):

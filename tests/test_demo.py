@@ -15,10 +15,9 @@ import torch
 import yaml
 
 from deltattg.demo.cli import main
-from deltattg.regime.config import QUICK
-from deltattg.regime.config import RegimeConfig
+from deltattg.regime.config import QUICK, RECOMMENDED_ARM, RegimeConfig
 from deltattg.regime.stages import Arm
-from deltattg.demo.report import label
+from deltattg.demo.report import benchmark, label
 from deltattg.report import percent
 
 pytestmark = pytest.mark.slow  # ~40 s: the whole quick demo, once for the module
@@ -50,6 +49,7 @@ def test_report_and_every_plot_it_references_exist(demo):
     for name in images:
         assert (out / name).read_bytes()[:8] == PNG_SIGNATURE, name
     assert "Against the planner on the same states" in report and "b̂ balanced accuracy" in report
+    assert "the step change Δ_t = c_t − c_{t+1}" in report and "ordered as the planner orders them" in report
 
 
 def test_report_shows_both_methods_numbers_from_their_metrics(demo):
@@ -67,17 +67,27 @@ def test_report_shows_both_methods_numbers_from_their_metrics(demo):
 
 
 def test_both_methods_start_from_one_actor_and_seed(demo):
+    """GRPO and the recommended arm, which reads the seed's meter learned from best-of-k labels (the one the report
+    shows), start from one actor and seed."""
     out, _ = demo
-    grpo, ours = (yaml.safe_load((out / method / "config.yaml").read_text()) for method in ("grpo", "deltattg"))
-    assert (grpo["algo"]["method"], ours["algo"]["method"]) == ("grpo", "deltattg")
-    assert grpo["meter"]["path"] is None and ours["meter"]["path"] == str(out / "meter")
+    recommended = Arm.parse(RECOMMENDED_ARM)
+    grpo, ours = (yaml.safe_load((out / folder / "config.yaml").read_text()) for folder in ("grpo", recommended.folder))
+    assert (grpo["algo"]["method"], ours["algo"]["method"]) == ("grpo", recommended.method)
+    assert grpo["meter"]["path"] is None and ours["meter"]["path"] == str(out / "meter-best-of-k")
+    assert "meter-best-of-k/" in (out / "report.md").read_text()
     assert grpo["actor"] == ours["actor"] and grpo["actor"]["model"] == str(out / "actor")
     assert grpo["run"]["seed"] == ours["run"]["seed"] and grpo["rollout"] == ours["rollout"]
 
 
 def test_console_summary_has_both_methods_and_the_guidance_table(demo):
+    """Each arm's one-seed row, the meter's Δ against the planner, and the paired-seed benchmark's rows beside them,
+    named as the evidence."""
     _, printed = demo
     assert all(re.search(rf"^{re.escape(label(arm))}\s", printed, re.MULTILINE) for arm in RegimeConfig().arms)
+    assert "step change Δ (what credit reads) against the planner's" in printed
+    assert "the evidence; this run's one seed is not" in printed
+    assert all(re.search(rf"^{re.escape(row[0])}\s+{re.escape(row[1])}", printed, re.MULTILINE)
+               for row in benchmark()["table"]["rows"])
     for condition in ("natural rollout (1)", "random selection (4)", "progress meter (4)"):
         assert condition in printed
 
@@ -87,7 +97,7 @@ def test_the_run_writes_its_numbers_as_a_stamped_summary(demo):
     out, _ = demo
     summary = json.loads((out / "summary.json").read_text())
     assert summary["name"] == "demo" and summary["command"].startswith("deltattg demo --quick --out ")
-    assert {"stages", "rl", "guidance", "credit"} <= set(summary["tables"])
+    assert {"stages", "meter", "rl", "guidance", "credit"} <= set(summary["tables"])
     report = (out / "report.md").read_text()
     rl = summary["tables"]["rl"]
     assert len(rl["rows"]) == len(RegimeConfig().arms)
@@ -115,10 +125,19 @@ def test_a_rerun_reuses_what_was_made_as_it_would_be_made_now(demo, tmp_path):
     copy = tmp_path / "demo"
     shutil.copytree(out, copy)
     config = regime_config(quick=True, threads=1)
-    made = {name: (copy / name).stat().st_mtime_ns for name in ("actor", "pool.jsonl", "meter/head.pt")}
+    made = {name: (copy / name).stat().st_mtime_ns for name in ("actor", "pool.jsonl", "meter-best-of-k/head.pt")}
     runs = {arm: (copy / Arm.parse(arm).folder / "metrics.jsonl").read_text() for arm in config.arms}
     run_demo(config, copy, guidance=False)
     assert {name: (copy / name).stat().st_mtime_ns for name in made} == made
     assert {arm: (copy / Arm.parse(arm).folder / "metrics.jsonl").read_text() for arm in config.arms} == runs
     run_demo(config.replace(meter_epochs=config.meter_epochs + 1), copy, guidance=False)
-    assert (copy / "meter" / "head.pt").stat().st_mtime_ns != made["meter/head.pt"]
+    assert (copy / "meter-best-of-k" / "head.pt").stat().st_mtime_ns != made["meter-best-of-k/head.pt"]
+
+
+def test_the_benchmark_the_demo_shows_is_the_documented_one():
+    """The paired-seed table the demo prints beside its own seed (package data) is docs/results/bench_train.json's
+    test table, from the same command and commit."""
+    docs = json.loads((Path(__file__).parent.parent / "docs" / "results" / "bench_train.json").read_text())
+    shown = benchmark()
+    assert shown["table"] == docs["tables"]["test"]
+    assert (shown["command"], shown["commit"], shown["date"]) == (docs["command"], docs["commit"], docs["date"])

@@ -14,12 +14,14 @@ DESCRIPTION = """\
 The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 10 minutes):
   1. a tiny word-level Llama actor behaviour-cloned on noisy-expert episodes (the base actor);
   2. trajectories of a pool of diverse policies (noisy experts at several eps, random, the base actor);
-  3. a regression progress meter (tiny Llama backbone + head) trained on them (Token-to-Go labels, the turns left
-     marked), its completion probability calibrated on held-out pool tasks;
-  4. where the credit goes on base-actor rollouts: GRPO, the paper's DeltaTTG and robust DeltaTTG (recommended over the paper's with a learned meter)
-     with the learned meter, DeltaTTG with the oracle (`deltattg inspect`'s precision and concentration);
-  5. RL from the same base actor and seed: GRPO, the paper's DeltaTTG and robust DeltaTTG with the learned meter,
-     evaluated on held-out tasks (one seed: bench/bench_train.py runs ten);
+  3. the recommended arm's meter: best-of-k labels (the base actor completes each pool state K times; no
+     planner), a regression meter trained on them (RegimeConfig's meter recipe), its completion probability
+     calibrated on held-out pool tasks, and read against the planner: b̂, v̂ and the step change Δ credit reads;
+  4. where the credit goes on base-actor rollouts: GRPO, the paper's DeltaTTG and robust DeltaTTG with that meter,
+     DeltaTTG with the oracle (`deltattg inspect`'s precision and concentration);
+  5. RL from the same base actor and seed: GRPO, robust DeltaTTG with the learned meter (the recommended
+     planner-free arm) and DeltaTTG with the oracle, evaluated on held-out tasks, beside the paired-seed benchmark
+     (bench/bench_train.py, docs/benchmarks.md) — one seed is not evidence;
   6. natural vs random-of-4 vs meter-guided-of-4 action selection for the base actor (Table 9 layout);
   7. report.md with plots (success curves, per-step credit, predicted vs true Token-to-Go) under --out, and a
      summary table on the console.

@@ -1,12 +1,12 @@
 """``run_demo``: one seed of the household regime, prepared and run by :mod:`deltattg.regime.seeds` (the benchmark's
 own seed orchestrator) and timed, then the demo's own stages:
 
-    base actor (tiny: behaviour-cloned on noisy-expert episodes)   ->  out/actor
-    trajectory pool (noisy experts, random, the base actor)         ->  out/pool.jsonl
-    regression meter on the pool's training tasks                  ->  out/meter
-    GRPO and DeltaTTG from the same actor and seed                  ->  out/grpo, out/deltattg (metrics.jsonl, ...)
-    test-time guidance of the base actor (E.5, Table 9 layout), one group's credit under both estimators, and the
-    meter's predicted vs true Token-to-Go on held-out pool tasks    ->  what ``report`` draws and tabulates
+    base actor (tiny: behaviour-cloned on noisy-expert episodes)    ->  out/actor
+    trajectory pool (noisy experts, random, the base actor)          ->  out/pool.jsonl
+    labels and the regression meter of the recommended arm           ->  out/labels-best-of-k.jsonl, out/meter-best-of-k
+    GRPO, the recommended learned arm and the oracle arm, one seed   ->  out/grpo, ... (metrics.jsonl, ...)
+    the meter read against the planner (b̂, v̂ and the step change Δ credit reads), test-time guidance of the base
+    actor (E.5, Table 9 layout) and one group's credit under each estimator  ->  what ``report`` draws and tabulates
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.oracle import OracleMeter
 from deltattg.regime.config import RegimeConfig
 from deltattg.regime.seeds import meter_folder, meters_read, prepare_seed, run_arms
-from deltattg.regime.stages import Arm, BaseActor, World, policy_success, process_settings
+from deltattg.regime.stages import Arm, BaseActor, World, labelled_meter, policy_success, process_settings
 from deltattg.rollout.engine import run_episodes
 from deltattg.train.actor import torch_device
 
@@ -70,6 +70,13 @@ def credit_inspection(config: RegimeConfig, world: World, actor: BaseActor, mete
 
 
 # ---- the whole demo --------------------------------------------------------------------------------------------------
+def shown_meter(arms: list[Arm]) -> str:
+    """The folder of the learned meter the demo shows and guides with: the first learned arm's (the recommended arm's
+    by default: ``meter-best-of-k``), else the seed's meter on the outcome labels."""
+    learned = next((arm for arm in arms if arm.meter == "learned"), None)
+    return labelled_meter(learned.labels) if learned else meter_folder(0)
+
+
 @dataclass
 class DemoResult:
     config: RegimeConfig
@@ -77,6 +84,7 @@ class DemoResult:
     timings: dict[str, float] = field(default_factory=dict)
     actor: BaseActor | None = None
     pool: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    meter_name: str = ""  # the shown meter's folder under out (``shown_meter``)
     meter_report: dict = field(default_factory=dict)
     fit: MeterFit | None = None
     oracle_agreement: Agreement | None = None  # the meter against the planner on the same states (household)
@@ -105,14 +113,17 @@ def run_demo(config: RegimeConfig, out: str | Path, *, guidance: bool = True) ->
         out = Path(out)
         result = DemoResult(config, out)
         timings = result.timings
-        read = meters_read([Arm.parse(spec) for spec in config.arms])
-        prepared = prepare_seed(config, out, replace(read, learned=max(read.learned, 1)), replace=True,
-                                need_pool=True, stage=lambda name: stage(name, timings))  # fmt: skip
+        arms = [Arm.parse(spec) for spec in config.arms]
+        read, result.meter_name = meters_read(arms), shown_meter(arms)
+        if result.meter_name == meter_folder(0):
+            read = replace(read, learned=max(read.learned, 1))
+        prepared = prepare_seed(config, out, read, replace=True, need_pool=True,
+                                stage=lambda name: stage(name, timings))  # fmt: skip
         actor, world, heldout_pool = prepared.actor, prepared.world, prepared.heldout_pool
         result.actor = actor
         result.pool = policy_success(prepared.pool)
-        result.meter_report = json.loads((out / meter_folder(0) / "train_report.json").read_text())
-        meter = load_meter(out / meter_folder(0), device=torch_device("auto"))
+        result.meter_report = json.loads((out / result.meter_name / "train_report.json").read_text())
+        meter = load_meter(out / result.meter_name, device=torch_device("auto"))
         readings = read_states(meter, heldout_pool)[0]
         result.fit = fit_of(heldout_pool, readings)
         if config.env == "household":  # the planner reads the same states: does the meter read progress?

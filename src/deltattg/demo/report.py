@@ -7,6 +7,7 @@ RL numbers are read from each method's ``metrics.jsonl`` records (the same ones 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,17 +15,21 @@ from pathlib import Path
 import yaml
 
 from deltattg.demo.pipeline import DemoResult
+from deltattg.regime.config import RegimeConfig
 from deltattg.guidance import guidance_header, guidance_row
 from deltattg.meter.fit import Agreement, MeterFit
 from deltattg.data.jsonl import atomic_output
-from deltattg.report import figure_png, markdown_table, percent, pyplot, save_figure, text_table
+from deltattg.report import figure_png, markdown_table, percent, pyplot, save_figure, text_table, three_decimals
 from deltattg.train.config import to_dict
 from deltattg.train.trainer import mean
 
 LABELS = {"grpo": "GRPO", "deltattg": "DeltaTTG (learned meter)", "deltattg@oracle": "DeltaTTG (oracle meter)",
-          "deltattg_robust": "robust DeltaTTG (learned meter)", "deltattg_robust@oracle": "robust DeltaTTG (oracle meter)"}
+          "deltattg_robust": "robust DeltaTTG (learned meter)", "deltattg_robust@oracle": "robust DeltaTTG (oracle meter)",
+          "deltattg@best-of-k": "DeltaTTG (best-of-k meter)",
+          "deltattg_robust@best-of-k": "robust DeltaTTG (best-of-k meter)", "deltattg@belief": "DeltaTTG (belief meter)"}
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
-COLORS = {"grpo": PALETTE[0], "deltattg": PALETTE[1], "deltattg@oracle": PALETTE[2], "deltattg_robust": PALETTE[3]}
+COLORS = {"grpo": PALETTE[0], "deltattg": PALETTE[1], "deltattg@oracle": PALETTE[2], "deltattg_robust": PALETTE[3],
+          "deltattg_robust@best-of-k": PALETTE[3], "deltattg@belief": PALETTE[4]}
 
 
 def label(arm: str) -> str:
@@ -151,9 +156,23 @@ def rl_rows(summaries: Sequence[RunSummary]) -> list[list[str]]:
              f"{s.seconds_per_step:.2f}", f"{100 * s.meter_share:.1f}%"] for s in summaries]  # fmt: skip
 
 
+METER_HEADER = ("held-out pool states", "b balanced acc. vs planner", "Spearman v̂ vs planner's v",
+                "Δ Spearman vs planner's", "Δ sign agreement", "sibling ranking (pairs)")  # fmt: skip
+
+
+def meter_row(agreement: Agreement) -> list[str]:
+    """The shown meter against the planner (``eval-meter --reference``'s numbers)."""
+    changes = agreement.changes
+    assert changes is not None
+    return [str(agreement.states), three_decimals(agreement.b_balanced_accuracy), three_decimals(agreement.ttg_spearman),
+            three_decimals(changes.delta_spearman), three_decimals(changes.delta_sign_agreement),
+            f"{three_decimals(changes.sibling_ranking)} ({changes.sibling_pairs})"]  # fmt: skip
+
+
 def summary_tables(result: DemoResult) -> dict[str, tuple]:
     """The run's numbers as summary tables, (columns, rows) by name (``deltattg.summaries``; ``summary.json``, what
-    the docs' demo tables are generated from): stage times, credit precision, the RL arms and test-time selection."""
+    the docs' demo tables are generated from): stage times, the meter against the planner, credit precision, the RL
+    arms and test-time selection."""
     config = result.config
     summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
     timings = [[name, f"{seconds:.1f}"] for name, seconds in result.timings.items()]
@@ -161,6 +180,8 @@ def summary_tables(result: DemoResult) -> dict[str, tuple]:
     tables = {"stages": (("stage", "wall time (s)"), timings), "rl": (RL_HEADER, rl_rows(summaries)),
               "guidance": (guidance_header(config.candidates),
                            [guidance_row("base", config.eval_split, result.guidance)])}  # fmt: skip
+    if result.oracle_agreement is not None and result.oracle_agreement.changes is not None:
+        tables["meter"] = (METER_HEADER, [meter_row(result.oracle_agreement)])
     if result.credit is not None and result.credit.precision:
         tables["credit"] = (("arm", "positive credit on progress steps %", "negative credit elsewhere %"),
                             [[arm, percent(p.positive_on_progress), percent(p.negative_off_progress)]
@@ -181,7 +202,8 @@ def summary_figures(result: DemoResult) -> dict[str, dict]:
 
 
 def summary_table(result: DemoResult) -> str:
-    """The console summary: credit precision, the RL arms, then the guidance table."""
+    """The console summary: credit precision, the meter's step change against the planner, the RL arms beside the
+    paired-seed benchmark, then the guidance table."""
     config = result.config
     summaries = [RunSummary.of(arm, records) for arm, records in result.runs.items()]
     guidance = guidance_row("base", config.eval_split, result.guidance)
@@ -192,10 +214,19 @@ def summary_table(result: DemoResult) -> str:
         precision = ["credit precision on base-actor rollouts (% of positive credit on progress steps, % of negative "
                      "credit on the others):", text_table(("arm", "positive on progress", "negative elsewhere"), rows),
                      ""]  # fmt: skip
+    changes = result.oracle_agreement.changes if result.oracle_agreement is not None else None
+    delta = [f"the meter's step change Δ (what credit reads) against the planner's, held-out pool states: Spearman "
+             f"{three_decimals(changes.delta_spearman)}, sign agreement {three_decimals(changes.delta_sign_agreement)}, "
+             f"sibling ranking {three_decimals(changes.sibling_ranking)} ({changes.sibling_pairs} pairs)",
+             ""] if changes else []  # fmt: skip
     return "\n".join([
         *precision,
+        *delta,
         f"RL arms, {config.steps} steps each, eval on {config.eval_tasks} {config.eval_split} tasks (one seed):",
         text_table(RL_HEADER, rl_rows(summaries)),
+        "",
+        benchmark_note(bench := benchmark()),
+        text_table(bench["table"]["columns"], bench["table"]["rows"]),
         "",
         f"test-time action selection, base actor, {config.guidance_tasks} {config.eval_split} tasks (Table 9 layout):",
         text_table(guidance_header(config.candidates), [guidance]),
@@ -213,12 +244,50 @@ def confusion_table(fit: MeterFit) -> str:
 
 
 def planner_agreement(agreement: Agreement, fit: MeterFit) -> str:
-    """The meter's accuracy against its labels next to its agreement with the planner on the same states."""
-    return (f"Against the planner on the same states (the oracle: the optimal plan fits in the turns left; the "
+    """The meter's accuracy against its labels next to its agreement with the planner on the same states, and how its
+    per-step change Δ — what credit reads — follows the planner's."""
+    text = (f"Against the planner on the same states (the oracle: the optimal plan fits in the turns left; the "
             f"expert's remaining tokens), what a meter that reads progress should match: b̂ balanced accuracy "
             f"{agreement.b_balanced_accuracy:.3f} over its {agreement.reference_completable} completable and "
             f"{agreement.states - agreement.reference_completable} hopeless states (against the outcome labels: "
             f"{percent(fit.completion_accuracy)}% accuracy), Spearman of v̂ against its v {agreement.ttg_spearman:.2f}.")
+    changes = agreement.changes
+    if changes is None:
+        return text
+    return text + (f" What credit reads, the step change Δ_t = c_t − c_{{t+1}} (Eq. 7–8, C = {changes.failure_cost:g}): "
+                   f"its Spearman against the planner's {three_decimals(changes.delta_spearman)} and its sign "
+                   f"(progress / none / regress) alike on {percent(changes.delta_sign_agreement)}% of "
+                   f"{changes.steps} steps; of {changes.sibling_pairs} pairs of steps taken from one shared state, "
+                   f"{three_decimals(changes.sibling_ranking)} ordered as the planner orders them "
+                   "(what these numbers mean: docs/concepts/meter.md).")
+
+
+def meter_recipe(config: RegimeConfig, meter_name: str) -> str:
+    """What the shown meter is: its backbone, its labels and its training (``RegimeConfig.meter_*``)."""
+    backbone = ("the behaviour-cloned actor's decoder (its weights) + a regression head" if config.meter_init == "actor"
+                else f"a tiny Llama backbone h{config.meter_hidden} × {config.meter_layers} layer(s) from scratch + a "
+                "regression head")  # fmt: skip
+    labels = meter_name.removeprefix("meter-") if meter_name != "meter" else "outcome"
+    delta = f", the step-change loss weighted {config.meter_delta_weight:g}" if config.meter_delta_weight else ""
+    return (f"Regression meter on {labels} labels ({backbone}, trained end to end{delta}, `{meter_name}/`)")
+
+
+BENCHMARK = "benchmark.json"  # package data: docs/results/bench_train.json's test table
+
+
+def benchmark() -> dict:
+    """The household benchmark's paired-seed table on the test split (``bench/bench_train.py``, docs/benchmarks.md):
+    the evidence the demo's one seed is shown beside."""
+    from importlib.resources import files
+
+    return json.loads(files("deltattg.demo").joinpath(BENCHMARK).read_text(encoding="utf-8"))
+
+
+def benchmark_note(bench: dict) -> str:
+    seeds = len(bench["command"].split("--seeds ", 1)[1].split(" --", 1)[0].split())
+    return (f"The benchmark's {seeds} paired seeds, final greedy success on 1,000 test-split tasks (95 % t intervals, "
+            f"paired differences to GRPO with a permutation p; `{bench['command']}` at {bench['commit'][:12]}, "
+            f"{bench['date']}; docs/benchmarks.md) — the evidence; this run's one seed is not:")
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------
@@ -265,8 +334,7 @@ def write_report(result: DemoResult) -> Path:
         f"labels count each action in the actor's tokenizer.",
         markdown_table(("policy", "episodes", "success %", "mean steps"), pool_rows),
         "## 3. Progress meter",
-        f"Regression meter (tiny Llama backbone h{config.meter_hidden} × {config.meter_layers} layer(s) + head, "
-        f"trained end to end, `meter/`): {meter['examples']} decision states, {config.meter_epochs} epoch(s), "
+        f"{meter_recipe(config, result.meter_name)}: {meter['examples']} decision states, {config.meter_epochs} epoch(s), "
         f"final batch loss {meter['final_loss']:.3f}. On the held-out pool tasks ({len(fit.success)} states): "
         f"completion accuracy {percent(fit.completion_accuracy)}%, Spearman ρ(true, predicted TTG) "
         f"{fit.spearman:.2f}, mean absolute error {fit.mean_absolute_error:.1f} tokens (the successful "
@@ -292,7 +360,7 @@ def write_report(result: DemoResult) -> Path:
         "trajectory's; one misread b̂ sends most of the paper's credit to one step):",
         concentration_table(result.credit),
         f"![per-step credit]({CREDIT_DIR}/inspect.png)",
-        "## 5. RL: GRPO, DeltaTTG and robust DeltaTTG",
+        "## 5. RL: " + ", ".join(label(arm) for arm in result.runs),
         f"{config.steps} steps each, {config.batch_size} tasks × G = {config.group_size} rollouts per step, lr "
         f"{config.optim.lr:g}, C = {config.credit.failure_cost:g}, ρ = {config.credit.rho:g}, M = "
         f"{config.credit.cap:g}; held-out evaluation on "
@@ -302,6 +370,8 @@ def write_report(result: DemoResult) -> Path:
         markdown_table(RL_HEADER, rl_rows(summaries)),
         f"Training-step time ÷ GRPO's (meter scoring included; rollout lengths differ between runs): {times}.",
         f"![success curves]({SUCCESS_PLOT})",
+        benchmark_note(bench := benchmark()),
+        markdown_table(bench["table"]["columns"], bench["table"]["rows"]),
         "## 6. Test-time action selection (E.5, Table 9 layout)",
         f"The base actor on {config.guidance_tasks} `{config.eval_split}` tasks, temperature 1: one sampled action "
         f"per step; one of {config.candidates} sampled candidates at random; the candidate whose successor state the "

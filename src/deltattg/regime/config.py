@@ -107,7 +107,7 @@ class RegimeConfig:
 
     # ---- RL: every arm (``stages.Arm`` specs) from the same init, seed and budget; the trainer's credit, loss and
     # optimiser sections as they are (``deltattg train``'s own dataclasses: every field the runs read is here) ----
-    arms: tuple[str, ...] = ("grpo", "deltattg", "deltattg_robust")
+    arms: tuple[str, ...] = ("grpo", RECOMMENDED_ARM, "deltattg@oracle")  # the demo's: what works, one seed
     steps: int = setting(80, "training steps per run")
     batch_size: int = 8  # tasks per step
     group_size: int = 8  # rollouts per task (G)

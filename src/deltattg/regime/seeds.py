@@ -6,6 +6,8 @@
     SEED/pool.jsonl             the trajectory pool (collected once, read back by every later stage and report)
     SEED/labels-SOURCE.jsonl    the pool's labels of each source an arm reads (``rollout.label_sources``)
     SEED/meter, meter-K, meter-SOURCE, meter-generative    the learned meters the arms read
+    SEED/costs.json             what the preparation consumed before RL: the pool's episodes, each label source's
+                                completions (episodes, environment steps, completer tokens)
     SEED/train.yaml             the trainer settings every arm shares
     SEED/ARM/                   one run per arm (metrics.jsonl, checkpoints; bench.json: what it ran, written last)
 
@@ -55,6 +57,7 @@ STAMP = "bench.json"  # a seed's preparation stamp, and each finished run's
 POOL_FILE = "pool.jsonl"
 SETTINGS_FILE = "train.yaml"
 METER_CONFIG = "meter_config.json"
+COSTS_FILE = "costs.json"
 
 
 # ---- which meters the arms read ------------------------------------------------------------------------------------
@@ -82,7 +85,7 @@ def meter_folder(k: int) -> str:
 
 def prepared_entries() -> tuple[str, ...]:
     """Every file and folder a seed's preparation makes (what :func:`prepare_seed` replaces when asked to)."""
-    return ("actor", POOL_FILE, SETTINGS_FILE, GENERATIVE_METER, "meter-no-turns", *(meter_folder(k) for k in range(64)),
+    return ("actor", POOL_FILE, SETTINGS_FILE, COSTS_FILE, GENERATIVE_METER, "meter-no-turns", *(meter_folder(k) for k in range(64)),
             *(labelled_meter(source) for source in LABEL_SOURCES), *(f"labels-{s}.jsonl" for s in LABEL_SOURCES),
             *(f"labels-{s}.jsonl.partial" for s in LABEL_SOURCES))  # fmt: skip
 
@@ -273,9 +276,26 @@ def prepare_seed(config: RegimeConfig, folder: Path, meters: Meters, *, allow_mi
             meter = folder / labelled_meter(source)
             train_meter(config, train_pool, actor, meter, heldout, labels=labels, labelling=settings)
             (meter / "labels_report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    if prepared.pool:
+        with atomic_output(folder / COSTS_FILE) as handle:
+            handle.write(json.dumps(preparation_costs(folder, prepared.pool), indent=2) + "\n")
     with atomic_output(prepared.settings_file) as handle:
         handle.write(settings_text(config, folder, world.prompt.layout))
     return prepared
+
+
+def preparation_costs(folder: Path, pool: Sequence[Trajectory]) -> dict[str, Any]:
+    """What the seed's preparation consumed before any RL, for the benchmark's accounting: the pool's episodes and
+    environment steps (every learned meter reads it), and the completions of each label source made in ``folder``
+    (their ``labels_report.json``: episodes, environment steps, completer tokens)."""
+    labels = {}
+    for source in LABEL_SOURCES:
+        report = folder / labelled_meter(source) / "labels_report.json"
+        if report.is_file():
+            cost = json.loads(report.read_text()).get("cost") or {}
+            labels[source] = {"episodes": cost.get("completion_episodes", 0), "env_steps": cost.get("env_steps", 0),
+                              "completer_tokens": cost.get("completer_tokens", 0)}  # fmt: skip
+    return {"pool": {"episodes": len(pool), "env_steps": sum(t.num_steps for t in pool)}, "labels": labels}
 
 
 def remove_preparation(folder: Path) -> None:
