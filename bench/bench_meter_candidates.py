@@ -10,7 +10,8 @@ ranking (``eval-meter --reference``'s numbers), and the training's wall time on 
 Label sources: ``planner`` and ``belief`` train on the oracle's or the belief reference's own readings — a
 learnability check (can the recipe learn a function of what it reads?), never a headline arm; ``best-of-k`` on the
 regime's planner-free labels (the base actor completes each state K times). A candidate is ``NAME=FIELD=VALUE,...``
-of ``RegimeConfig``'s meter fields; each meter is kept under ``SEED/candidates/LABELS-NAME`` and reused.
+of ``RegimeConfig``'s meter fields; each meter is kept under ``SEED/candidates/LABELS-NAME-DIGEST`` (the digest of
+its meter settings) and reused.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from pathlib import Path
 from deltattg.report import markdown_table, three_decimals
 
 CANDIDATES = {
-    "regime (64×2, 6 epochs, batch 16)": "",
-    "batch 4, 12 epochs, lr 3e-4": "meter_batch_size=4,meter_epochs=12,meter_lr=0.0003",
-    "+ Δ loss ×1": "meter_batch_size=4,meter_epochs=12,meter_lr=0.0003,meter_delta_weight=1.0",
-    "+ Δ loss ×3": "meter_batch_size=4,meter_epochs=12,meter_lr=0.0003,meter_delta_weight=3.0",
-    "+ Δ loss ×3, from the BC actor": "meter_batch_size=4,meter_epochs=12,meter_lr=0.0003,meter_delta_weight=3.0,"
-                                      "meter_init=actor",
+    "scratch 64×2, 6 epochs, batch 16 (before issue 47)": "meter_init=scratch,meter_epochs=6,meter_batch_size=16,"
+                                                          "meter_lr=0.001,meter_delta_weight=0",
+    "scratch, batch 4, 12 epochs, lr 3e-4": "meter_init=scratch,meter_delta_weight=0",
+    "scratch + Δ loss ×3": "meter_init=scratch",
+    "BC actor, no Δ loss": "meter_delta_weight=0",
+    "regime: BC actor + Δ loss ×3": "",
+    "BC actor + Δ loss ×10": "meter_delta_weight=10",
 }
 KEYS = ("b_balanced_accuracy", "ttg_spearman", "delta_spearman", "delta_sign_agreement", "sibling_ranking")
 
@@ -54,6 +56,16 @@ def overrides(settings: str) -> dict:
             raise ValueError(f"{item!r}: a candidate sets RegimeConfig's meter_* fields")
         out[name] = coerce(value, setting_type(name), name)
     return out
+
+
+def candidate_folder(source: str, name: str, recipe) -> str:
+    """Where a candidate's meter is kept: its labels, its name and a digest of every meter setting it trains with, so
+    a candidate renamed or changed (or a regime default moved) trains anew instead of reusing another recipe's
+    meter."""
+    from deltattg.regime.seeds import settings_hash
+
+    meter = {k: v for k, v in recipe.preparation().items() if k.startswith("meter_")}
+    return f"{source}-{name.replace(' ', '_').replace('/', '_')}-{settings_hash(meter)[:10]}"
 
 
 def reference_labels(meter, trajectories) -> dict:
@@ -131,11 +143,12 @@ def run(args: argparse.Namespace, settings: dict[str, dict]) -> list[dict]:
                 else:
                     labels = reference_labels(planner_meter(source, actor.tokenizer), prepared.pool)
                 for name, fields in settings.items():
-                    out = folder / "candidates" / f"{source}-{name.replace(' ', '_').replace('/', '_')}"
+                    recipe = config.replace(**fields)
+                    out = folder / "candidates" / candidate_folder(source, name, recipe)
                     timing = out / "train_seconds.json"
                     if not timing.is_file():
                         start = time.perf_counter()
-                        train_meter(config.replace(**fields), prepared.train_pool, actor, out, prepared.heldout_pool,
+                        train_meter(recipe, prepared.train_pool, actor, out, prepared.heldout_pool,
                                     labels=labels)  # fmt: skip
                         timing.write_text(json.dumps(time.perf_counter() - start) + "\n")
                     meter = load_meter(out)

@@ -68,5 +68,12 @@ def test_meter_candidates_train_each_recipe_on_each_label_source_and_read_it_aga
         assert record["held-out"]["states"] > 20 and record["training"]["steps"] > 20
         assert {"delta_spearman", "sibling_ranking", "b_balanced_accuracy"} <= set(record["held-out"])
         assert record["train_seconds"] > 0
-    meters = sorted(p.name for p in (tmp_path / "bench" / "seed-0" / "candidates").iterdir())
+    meters = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "bench" / "seed-0" / "candidates").iterdir())
     assert meters == ["best-of-k-one", "planner-one"]
+    made = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "bench" / "seed-0" / "candidates").iterdir()}
+    assert bench.main(["--quick", "--seeds", "0", "--out", str(tmp_path / "bench"), "--labels", "planner",
+                       "--candidates", "one=meter_epochs=1", "--allow-mixed"]) == 0  # the same recipe: reused
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "bench" / "seed-0" / "candidates").iterdir()} == made
+    assert bench.main(["--quick", "--seeds", "0", "--out", str(tmp_path / "bench"), "--labels", "planner",
+                       "--candidates", "one=meter_epochs=2", "--allow-mixed"]) == 0  # renamed alike, trained anew
+    assert len(list((tmp_path / "bench" / "seed-0" / "candidates").iterdir())) == 3

@@ -80,16 +80,18 @@ class RegimeConfig:
     pool_group_size: int = 1
     heldout_fraction: float = 0.25  # of the pool's tasks, kept out of meter training for the TTG scatter
 
-    # ---- regression meter: a tiny Llama backbone over the actor's tokenizer, trained end to end ----
-    meter_hidden: int = 64
-    meter_layers: int = 2
-    meter_heads: int = 4
+    # ---- regression meter: the behaviour-cloned actor's decoder + a head, trained end to end (issue 47: the recipe
+    # that follows the planner's step change best among those measured, docs/benchmarks.md "Meter recipes") ----
+    meter_init: str = "actor"  # the backbone: "actor" (a copy of the BC actor's decoder) or "scratch" (a tiny Llama
+    # of meter_hidden × meter_layers over the actor's tokenizer, the recipe before issue 47)
+    meter_hidden: int = 64  # scratch only
+    meter_layers: int = 2  # scratch only
+    meter_heads: int = 4  # scratch only
     meter_max_length: int = 1024
-    meter_epochs: int = 6
-    meter_batch_size: int = 16
-    meter_lr: float = 1e-3
-    meter_delta_weight: float = 0.0  # weight of the step-change loss (RegressionTrainConfig.delta_weight)
-    meter_init: str = "scratch"  # the backbone: "scratch" (meter_hidden × meter_layers) or "actor" (the BC actor's)
+    meter_epochs: int = 12
+    meter_batch_size: int = 4
+    meter_lr: float = 3e-4
+    meter_delta_weight: float = 3.0  # weight of the step-change loss (RegressionTrainConfig.delta_weight)
 
     # ---- where the learned meters' labels come from (``rollout.label_sources``; arms ``METHOD@SOURCE``) ----
     label_completer: str = ACTOR_IN_POOL  # rollout / best-of-k: the base actor (no planner); expert:EPS = a reference
@@ -206,6 +208,7 @@ DEMO_BUDGET: dict[str, Any] = {  # `deltattg demo` in 10 minutes on 2 cores: few
 }
 
 PRETRAINED: dict[str, Any] = {  # an HF actor: its own tokenizer, no cloning, the paper's prompt and learning rate
+    "meter_init": "scratch",  # a copy of a pretrained actor fine-tuned end to end does not fit a CPU demo
     "history_window": 2,
     "max_prompt_tokens": None,
     "max_new_tokens": 32,
