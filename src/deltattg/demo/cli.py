@@ -11,17 +11,17 @@ from collections.abc import Sequence
 from deltattg.command import UsageError, number, run_parsed, seed_int
 
 DESCRIPTION = """\
-The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 10 minutes):
+The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 14 minutes):
   1. a tiny word-level Llama actor behaviour-cloned on noisy-expert episodes (the base actor);
   2. trajectories of a pool of diverse policies (noisy experts at several eps, random, the base actor);
-  3. the recommended arm's meter: best-of-k labels (the base actor completes each pool state K times; no
+  3. the meter of deltattg_robust@best-of-k: best-of-k labels (the base actor completes each pool state K times; no
      planner), a regression meter trained on them (RegimeConfig's meter recipe), its completion probability
      calibrated on held-out pool tasks, and read against the planner: b̂, v̂ and the step change Δ credit reads;
   4. where the credit goes on base-actor rollouts: GRPO, the paper's DeltaTTG and robust DeltaTTG with that meter,
      DeltaTTG with the oracle (`deltattg inspect`'s precision and concentration);
-  5. RL from the same base actor and seed: GRPO, robust DeltaTTG with the learned meter (the recommended
-     planner-free arm) and DeltaTTG with the oracle, evaluated on held-out tasks, beside the paired-seed benchmark
-     (bench/bench_train.py, docs/benchmarks.md) — one seed is not evidence;
+  5. RL from the same base actor and seed: GRPO, robust DeltaTTG with the learned meter (the planner-free arm
+     recommended over deltattg with a learned meter) and DeltaTTG with the oracle, evaluated on held-out tasks,
+     beside the paired-seed benchmark (bench/bench_train.py, docs/benchmarks.md) — one seed is not evidence;
   6. natural vs random-of-4 vs meter-guided-of-4 action selection for the base actor (Table 9 layout);
   7. report.md with plots (success curves, per-step credit, predicted vs true Token-to-Go) under --out, and a
      summary table on the console.
@@ -29,7 +29,7 @@ The main job, end to end on the built-in household environment (no network, 2 CP
 
 EPILOG = """\
 examples:
-  deltattg demo                              # the full demo, ~10 minutes on 2 cores -> runs/demo/report.md
+  deltattg demo                              # the full demo, ~14 minutes on 2 cores -> runs/demo/report.md
   deltattg demo --quick --out runs/quick     # < 2 minutes, nothing learns, every stage and plot runs (CI)
   deltattg demo --model smollm2              # SmolLM2-135M-Instruct actor (offline): RL takes minutes per step on CPU
   deltattg demo --env alfworld --data ALFWORLD_JSON_DIR --model smollm2
@@ -37,7 +37,7 @@ examples:
 
 --model takes any HF id or path, 'smollm2' or DIR::FILE.gguf; a pretrained actor is used as it is (no cloning) with
 the paper's prompt (history window 2) and lr 1e-6. --env alfworld needs the [alfworld] extra and the json_2.1.1 game
-files (--data or $ALFWORLD_DATA); it does not fit 10 minutes.
+files (--data or $ALFWORLD_DATA); it does not fit 15 minutes.
 """
 
 

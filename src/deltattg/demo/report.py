@@ -287,7 +287,8 @@ def benchmark_note(bench: dict) -> str:
     seeds = len(bench["command"].split("--seeds ", 1)[1].split(" --", 1)[0].split())
     return (f"The benchmark's {seeds} paired seeds, final greedy success on 1,000 test-split tasks (95 % t intervals, "
             f"paired differences to GRPO with a permutation p; `{bench['command']}` at {bench['commit'][:12]}, "
-            f"{bench['date']}; docs/benchmarks.md) — the evidence; this run's one seed is not:")
+            f"{bench['date']}, with that commit's settings, which may differ from this run's, its meter recipe "
+            f"among them; docs/benchmarks.md) — the evidence; this run's one seed is not:")
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------
