@@ -223,18 +223,11 @@ def before_rl(costs: dict, arm: Arm) -> tuple[int, int]:
     return costs["pool"]["episodes"] + labels.get("episodes", 0), labels.get("completer_tokens", 0)
 
 
-def meter_read(arm: Arm) -> str | None:
-    """Which of a seed's learned meters ``arm`` reads (None: none, or the planner)."""
-    if arm.meter == "generative":
-        return GENERATIVE_METER
-    return f"{labelled_meter(arm.labels)}×{arm.members}" if arm.meter == "learned" else None
-
-
 def accounting_rows(args: argparse.Namespace, arms: Sequence[Arm], records: dict[str, list[list[dict]]]) -> list[list[str]]:
     """Per arm, the mean over seeds of what it consumed before RL (:func:`before_rl`; "-" where a seed's preparation
     predates ``costs.json``) and during RL (rollout episodes, the actor's response tokens), and how many of the
     compared arms read one seed's meter."""
-    readers = Counter(meter_read(arm) for arm in arms)
+    readers = Counter((arm.meter_folder, arm.members) for arm in arms)
     costs = [args.out / f"seed-{seed}" / COSTS_FILE for seed in args.seeds]
     recorded = [json.loads(path.read_text()) for path in costs] if all(path.is_file() for path in costs) else []
 
@@ -249,7 +242,7 @@ def accounting_rows(args: argparse.Namespace, arms: Sequence[Arm], records: dict
         tokens = [max((r.get("cumulative_response_tokens", 0) for r in run), default=0) for run in runs]
         rows.append([arm.name, mean_of([e for e, _ in spent]), mean_of([t for _, t in spent]),
                      mean_of(episodes) if any(episodes) else "-", mean_of(tokens) if any(tokens) else "-",
-                     "-" if meter_read(arm) is None else str(readers[meter_read(arm)])])  # fmt: skip
+                     "-" if arm.meter_folder is None else str(readers[arm.meter_folder, arm.members])])  # fmt: skip
     return rows
 
 

@@ -32,7 +32,7 @@ from deltattg.meter.loading import load_meter, read_states
 from deltattg.meter.oracle import OracleMeter
 from deltattg.regime.config import RegimeConfig
 from deltattg.regime.seeds import meter_folder, meters_read, prepare_seed, run_arms
-from deltattg.regime.stages import Arm, BaseActor, World, labelled_meter, policy_success, process_settings
+from deltattg.regime.stages import Arm, BaseActor, World, policy_success, process_settings
 from deltattg.rollout.engine import run_episodes
 from deltattg.train.actor import torch_device
 
@@ -73,8 +73,7 @@ def credit_inspection(config: RegimeConfig, world: World, actor: BaseActor, mete
 def shown_meter(arms: list[Arm]) -> str:
     """The folder of the learned meter the demo shows and guides with: the first learned arm's (the recommended arm's
     by default: ``meter-best-of-k``), else the seed's meter on the outcome labels."""
-    learned = next((arm for arm in arms if arm.meter == "learned"), None)
-    return labelled_meter(learned.labels) if learned else meter_folder(0)
+    return next((arm.meter_folder for arm in arms if arm.meter == "learned"), meter_folder(0))
 
 
 @dataclass

@@ -382,6 +382,14 @@ class Arm:
         return f"{self.method}{settings}@{self.meter}{dials}"
 
     @property
+    def meter_folder(self) -> str | None:
+        """The seed's folder of the learned meter this arm reads (an ensemble's first member): ``meter``,
+        ``meter-best-of-k``, ..., ``meter-generative``; None where it reads none or a planner."""
+        if self.meter == "generative":
+            return GENERATIVE_METER
+        return labelled_meter(self.labels) if self.meter == "learned" else None
+
+    @property
     def folder(self) -> str:
         name = self.name.replace("@", "-").replace(":", "-").replace("[", "-").replace(",", "-")
         return name.replace("]", "").replace("=", "")
