@@ -52,7 +52,7 @@ from deltattg.train.rollouts import DynamicSamplingExhausted, TaskSampler, colle
 from deltattg.train.rows import Row, collate, response_logits, response_logprobs, response_outputs, rows_logprobs
 from deltattg.train.rows import rows_logprobs_and_hidden
 from deltattg.train import trainer as trainer_module
-from deltattg.train.trainer import ppo_update
+from deltattg.train.trainer import ppo_update, shuffled_by_prompt
 
 EASY = {  # plans of 7-9 actions: no episode of MAX_TURNS can win by itself, only by script
     "n_train": 2,
@@ -533,6 +533,36 @@ def test_micro_batches_give_the_mini_batch_token_mean(micro):
     (m_micro, w_micro), (m_full, w_full) = results
     assert m_micro["loss"] == pytest.approx(m_full["loss"], rel=1e-5)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w_micro, w_full))
+
+
+def test_target_kl_ends_the_epoch_before_the_step_of_the_first_mini_batch_past_it():
+    """optim.target_kl: mini-batches step until one reads an approximate KL above the target; that one and the rest
+    take no step (Spinning Up's / SB3's early stop). Here the third row's θ_old is forced 2 nats above θ's."""
+    tokenizer = word_tokenizer("a b c d e f".split())
+    rows = [Row([5, 6, 7], [8, 9], 0, 0), Row([5], [7], 1, 0), Row([6, 7], [8, 9, 10], 2, 0)]
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    offsets = (0.0, 0.0, 2.0)
+    outcomes = {}
+    for target in (None, 0.5):
+        model = tiny_llama(tokenizer, hidden=32, layers=1, heads=2, seed=1)
+        before = [p.detach().clone() for p in model.parameters()]
+        old = [lp + o for lp, o in zip(rows_logprobs(model, rows, tokenizer.pad_token_id, 1.0, 8), offsets)]
+        torch.manual_seed(3)
+        order = shuffled_by_prompt(rows)
+        torch.manual_seed(3)
+        metrics = ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rows, advantages, old, None,
+                             LossConfig(), OptimConfig(mini_batch_size=1, micro_batch_size=1, target_kl=target), 1.0,
+                             tokenizer.pad_token_id)  # fmt: skip
+        moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        outcomes[target] = (metrics["optimizer_steps"], metrics["stopped_early"], moved)
+    assert outcomes[None] == (3, 0.0, True)
+    steps_before = order.index(2)
+    assert outcomes[0.5] == (steps_before, 1.0, steps_before > 0)
+
+
+def test_a_target_kl_must_be_positive(tmp_path, actor_dir):
+    with pytest.raises(ValueError, match="optim.target_kl must be > 0, got 0.0"):
+        small_config(tmp_path / "run", actor_dir, "grpo", None, "optim.target_kl=0")
 
 
 def test_reading_each_prompt_once_updates_exactly_like_reading_every_row():

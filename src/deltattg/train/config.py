@@ -104,7 +104,10 @@ class OptimConfig:
     ``recompute_old_logprobs``: θ_old's log-probs by a fresh forward pass over every row, as verl does (and the
     ``rollout_logprob_gap`` metric that compares them with the sampler's); false takes the log-probs the rollout
     recorded, which are θ_old's own (the actor samples with the weights the update starts from) — one forward pass
-    over the batch less per step."""
+    over the batch less per step.
+
+    ``target_kl``: end the step's epoch at the first mini-batch whose approximate KL(π_old ‖ π_θ) exceeds it, before
+    its optimizer step (the early stop of Spinning Up's and Stable-Baselines3's PPO); None: every mini-batch steps."""
 
     lr: float = 1e-6
     weight_decay: float = 0.01
@@ -112,6 +115,7 @@ class OptimConfig:
     mini_batch_size: int = 256
     micro_batch_size: int = 8
     recompute_old_logprobs: bool = True
+    target_kl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -480,6 +484,8 @@ def _check_ranges(config: TrainConfig) -> None:
     _require(non_negative, lambda v: v >= 0, ">= 0")
     positive = {"optim.lr": config.optim.lr, "optim.max_grad_norm": config.optim.max_grad_norm,
                 "actor.lora_alpha": config.actor.lora_alpha}
+    if config.optim.target_kl is not None:
+        positive["optim.target_kl"] = config.optim.target_kl
     _require(positive, lambda v: v > 0, "> 0")
     if not 0 < config.rollout.top_p <= 1:
         raise ValueError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")

@@ -85,8 +85,9 @@ def ppo_update(
     """One epoch over the rows in mini-batches, one optimizer step each. Rows are shuffled prompt by prompt (the rows
     that share a prompt stay together, as verl keeps a group's rows together), so a micro-batch reads each distinct
     prompt once. A mini-batch's loss is the token-mean over all its response tokens (Eq. 18): micro-batches are
-    weighted by their share of its tokens. Returns the token-weighted means of ``policy_loss``'s metrics, the mean
-    gradient norm (before clipping) and the step count.
+    weighted by their share of its tokens. Returns the token-weighted means of ``policy_loss``'s metrics (over the
+    mini-batches read), the mean gradient norm (before clipping), the step count and ``stopped_early`` (1 when
+    ``optim.target_kl`` ended the epoch: the first mini-batch whose approximate KL exceeds it takes no step).
 
     Every response token of row k gets ``advantages[k]``, unless ``per_token_advantages`` gives each row its own
     advantages (1-D, one per response token, like ``old_logprobs``; DelTA's A·ω), which are used instead.
@@ -95,10 +96,11 @@ def ppo_update(
     device = next(actor.parameters()).device
     params = [p for p in actor.parameters() if p.requires_grad]
     totals: dict[str, float] = defaultdict(float)
-    tokens_seen, grad_norms = 0, []
+    tokens_seen, grad_norms, stopped = 0, [], False
     actor.train()
     for mini in chunks(shuffled_by_prompt(rows), optim.mini_batch_size):
         mini_tokens = sum(len(rows[k].response) for k in mini)
+        mini_kl = 0.0
         optimizer.zero_grad(set_to_none=True)
         for micro in chunks(mini, optim.micro_batch_size):
             batch = collate([rows[k] for k in micro], pad_id, device, share=share_prompts)
@@ -120,11 +122,17 @@ def ppo_update(
             for key, value in metrics.items():
                 totals[key] += value * micro_tokens
             tokens_seen += micro_tokens
+            mini_kl += metrics["approx_kl"] * micro_tokens / mini_tokens
+        if optim.target_kl is not None and mini_kl > optim.target_kl:
+            optimizer.zero_grad(set_to_none=True)
+            stopped = True
+            break
         grad_norms.append(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm).item())
         optimizer.step()
     out = {key: value / max(tokens_seen, 1) for key, value in totals.items()}
     out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
     out["optimizer_steps"] = len(grad_norms)
+    out["stopped_early"] = float(stopped)
     return out
 
 
