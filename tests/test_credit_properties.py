@@ -59,7 +59,7 @@ def batches(draw, max_groups: int = 4, max_size: int = 5, max_steps: int = 7):
         hindsight=draw(st.booleans()),
         smooth=draw(st.sampled_from([1, 3, 5])),
         share_cap=draw(st.sampled_from([1.0, 1.5, 2.0, 1e12])),
-        trust=draw(st.sampled_from(["none", "auc"])),
+        trust=draw(st.sampled_from(["none", "auc", "delta"])),
     )
     return rewards, successes, groups, tokens, meter, histories, config
 

@@ -18,6 +18,7 @@ from deltattg.credit.robust import (
     hindsight_probability,
     known_completable,
     running_median,
+    step_trust,
     trusted_weights,
     within_group_auc,
 )
@@ -77,6 +78,26 @@ def test_auc_and_trust_by_hand():
     assert math.isnan(within_group_auc(torch.tensor([0.1, 0.2]), torch.tensor([True, True]), torch.tensor([0, 0])))
     w = torch.tensor([[3.0, 0.5, 0.0]])
     assert trusted_weights(w, 0.75, torch.tensor([[True, True, False]])).tolist() == [[2.5, 0.625, 0.0]]
+
+
+def test_the_step_trust_reads_each_steps_progress_not_the_outcome_level():
+    """A meter that reads every success's states as completable and every failure's as hopeless, but whose readings
+    never change along a trajectory, tells outcomes apart perfectly (trust=auc: τ = 1) and steps not at all
+    (trust=delta: every step's progress is 0, AUC 0.5, τ = 0). A meter whose success steps each cut 10 tokens and
+    whose failure steps stall gets τ = 1 from its steps; reversed, τ = 0."""
+    success, group = torch.tensor([True, False]), torch.tensor([0, 0])
+    read = torch.ones(2, 3, dtype=torch.bool)
+    level = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    v = torch.full((2, 3), 30.0)
+    assert batch_trust(level, read, success, group) == (1.0, 1.0)
+    assert step_trust(level, v, read, success, group, C) == (0.5, 0.0)
+    p = torch.ones(2, 3)
+    progressing = torch.tensor([[30.0, 20.0, 10.0], [30.0, 30.0, 30.0]])
+    assert step_trust(p, progressing, read, success, group, C) == (1.0, 1.0)
+    assert step_trust(p, progressing.flip(0), read, success, group, C) == (0.0, 0.0)
+    # Only steps between two read states count: masking the failure's middle state leaves it no step, so no pair.
+    auc, tau = step_trust(p, progressing, torch.tensor([[True, True, True], [True, False, True]]), success, group, C)
+    assert math.isnan(auc) and tau == 0.0
 
 
 def test_partial_rewards_give_pairs_for_the_trust():

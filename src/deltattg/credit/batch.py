@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
+TRUST_MODES = ("none", "auc", "delta")  # robust DeltaTTG's trust τ (deltattg.credit.robust)
+
 
 @dataclass
 class MeterReadings:
@@ -99,7 +101,8 @@ class CreditConfig:
     hindsight: bool = True  # p̃ = 1 on the states of successful trajectories
     smooth: int = 3  # running median of this many states over the cost trace (1: none); odd
     share_cap: float = 2.0  # κ: no step's share q_t exceeds κ/T_i (1: GRPO's uniform shares)
-    trust: str = "auc"  # auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ on the batch; none
+    trust: str = "auc"  # auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ on the batch; delta: of the
+    # steps' own progress; none
 
     def __post_init__(self) -> None:
         for setting in fields(self):  # every float setting is finite (C may be unset)
@@ -153,8 +156,8 @@ class CreditConfig:
             raise ValueError(f"smooth (the running median's window) must be an odd integer in [1, 99], got {smooth!r}")
         if not 1.0 <= self.share_cap <= MAX_CREDIT_SETTING:
             raise ValueError(f"the share cap κ must be in [1, {MAX_CREDIT_SETTING:g}], got {self.share_cap}")
-        if self.trust not in ("none", "auc"):
-            raise ValueError(f"trust must be none or auc, got {self.trust!r}")
+        if self.trust not in TRUST_MODES:
+            raise ValueError(f"trust must be one of {', '.join(TRUST_MODES)}, got {self.trust!r}")
 
 
 class Fallback(enum.IntEnum):

@@ -20,7 +20,15 @@ import torch
 from torch import Tensor
 
 from deltattg.credit import robust
-from deltattg.credit.batch import MAX_CREDIT_SETTING, Credit, CreditConfig, Fallback, MeterReadings, StepBatch
+from deltattg.credit.batch import (
+    MAX_CREDIT_SETTING,
+    TRUST_MODES,
+    Credit,
+    CreditConfig,
+    Fallback,
+    MeterReadings,
+    StepBatch,
+)
 from deltattg.credit.grpo import group_sum, outcome_advantage
 from deltattg.credit.registry import Estimator, Option, Reads, register
 
@@ -198,9 +206,13 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
         shares = robust.capped_shares(shares, step_mask, config.share_cap)
     weights = bounded_token_normalization(shares, batch.step_tokens, config.cap)
     metrics: dict[str, float] = {}
-    if variant.robust and config.trust == "auc":  # how well each trajectory's mean p̃ tells successes from failures
-        auc, trust = robust.batch_trust(robust.completion_probability(meter), queried & meter.valid, batch.reward,
-                                        batch.group)
+    if variant.robust and config.trust != "none":  # how well the meter tells successes from failures on this batch
+        read = queried & meter.valid
+        if config.trust == "auc":  # each trajectory's mean p̃
+            auc, trust = robust.batch_trust(robust.completion_probability(meter), read, batch.reward, batch.group)
+        else:  # each step's own progress
+            auc, trust = robust.step_trust(robust.completion_probability(meter), meter.tokens_to_go, read,
+                                           batch.reward, batch.group, config.failure_cost)
         weights = robust.trusted_weights(weights, trust, step_mask)
         metrics = {"trust/auc": auc, "trust/tau": trust}
 
@@ -279,8 +291,9 @@ ROBUST_OPTIONS = (
            metavar="K"),
     Option("share_cap", "share cap κ: no step's share q_t exceeds κ/T_i (1: GRPO's uniform shares; ours)", low=1,
            high=MAX_CREDIT_SETTING, metavar="KAPPA"),
-    Option("trust", "auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of p̃ against the outcomes of the "
-           "batch's queried states; none (ours)", choices=("auc", "none")),
+    Option("trust", "auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of each trajectory's mean p̃ against "
+           "the outcomes of the batch's groups; delta: of each step's own progress c_t − c_{t+1} instead; none (ours)",
+           choices=TRUST_MODES),
 )
 
 

@@ -87,6 +87,31 @@ def batch_trust(A: Sequence[float], rewards: Sequence[float], groups: Sequence[H
             scores[i] = sum(read) / len(read)
     pairs = [(scores[i], scores[j]) for i in scores for j in scores
              if groups[i] == groups[j] and rewards[i] > rewards[j]]  # fmt: skip
+    return trust_of_pairs(pairs)
+
+
+def step_trust(A: Sequence[float], rewards: Sequence[float], groups: Sequence[Hashable],
+               meter: Sequence[Sequence[MeterOutput | None]], failure_cost: float) -> float:
+    """``trust=delta``: τ = clip(2·AUC − 1, 0, 1), AUC over every (step of a better rewarded, step of a worse rewarded
+    A ≠ 0 trajectory of the same group) pair of the meter's progress c_t − c_{t+1} between two valid consecutive
+    readings, c = p̃·min(v̂, C) + (1 − p̃)·C without hindsight (ties half)."""
+    def cost(r: MeterOutput) -> float:
+        p = r.probability if r.probability is not None else float(bool(r.can_complete))
+        v = failure_cost if r.tokens_to_go is None else min(r.tokens_to_go, failure_cost)
+        return p * v + (1.0 - p) * failure_cost
+
+    steps: dict[int, list[float]] = {}
+    for i in range(len(A)):
+        if A[i] != 0:
+            readings = meter[i]
+            steps[i] = [cost(a) - cost(b) for a, b in zip(readings, readings[1:]) if a is not None and b is not None]
+    pairs = [(a, b) for i in steps for j in steps if groups[i] == groups[j] and rewards[i] > rewards[j]
+             for a in steps[i] for b in steps[j]]  # fmt: skip
+    return trust_of_pairs(pairs)
+
+
+def trust_of_pairs(pairs: Sequence[tuple[float, float]]) -> float:
+    """clip(2·AUC − 1, 0, 1) of (better, worse) score pairs, ties half; 0 without any pair."""
     if not pairs:
         return 0.0
     auc = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
@@ -121,7 +146,11 @@ def algorithm1(
             for t in range(T[i]):
                 if meter[i][t] is None:
                     valid_group[groups[i]] = False
-    trust = batch_trust(A, rewards, groups, meter) if robust and config.trust == "auc" else 1.0
+    trust = 1.0
+    if robust and config.trust == "auc":
+        trust = batch_trust(A, rewards, groups, meter)
+    elif robust and config.trust == "delta":
+        trust = step_trust(A, rewards, groups, meter, C)
     keys = histories or [[None] * T[i] for i in range(len(T))]
     visited = {k for i in range(len(T)) if successes[i] for k in keys[i] if k is not None}  # states a success visited
     for i in range(len(T)):  # line 13

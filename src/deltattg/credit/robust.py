@@ -18,7 +18,11 @@ alone: the advantage A_i, its sign and its token mean are unchanged, and no toke
     trust        w ← 1 + τ·(w − 1) with τ = clip(2·AUC − 1, 0, 1), the AUC with which each trajectory's mean p̃
                  tells the batch's better rewarded trajectories from the worse rewarded ones of the same task: a
                  meter no better than chance on this batch's own outcomes gives exactly GRPO, and its trajectories
-                 are reported as not redistributed (``trust``)
+                 are reported as not redistributed (``trust=auc``); ``trust=delta`` reads the AUC from the steps
+                 instead: the meter's own progress c_t − c_{t+1} between consecutive read states (no terminal
+                 anchor), a better rewarded trajectory's steps against a worse rewarded one's of the same task — what
+                 credit reads, so a meter that knows the outcome from the state's level but not which step made it
+                 is not trusted
 """
 
 from __future__ import annotations
@@ -27,9 +31,6 @@ import torch
 from torch import Tensor
 
 from deltattg.credit.batch import MeterReadings
-
-TRUST_MODES = ("none", "auc")
-
 
 def completion_probability(meter: MeterReadings) -> Tensor:
     """p̃_{i,t}: the meter's calibrated completion probability where it gives one, else b̂ as 0/1 (``[n, S]``)."""
@@ -120,8 +121,31 @@ def batch_trust(probability: Tensor, states: Tensor, reward: Tensor, group: Tens
     read = counted > 0
     score = (probability.double() * states).sum(dim=1) / counted.clamp(min=1)
     auc = within_group_auc(score[read], reward[read], group[read])
-    trust = 0.0 if auc != auc else min(max(2.0 * auc - 1.0, 0.0), 1.0)
-    return auc, trust
+    return auc, trust_from_auc(auc)
+
+
+def trust_from_auc(auc: float) -> float:
+    """τ = clip(2·AUC − 1, 0, 1); 0 where the AUC is undefined (NaN: no pair)."""
+    return 0.0 if auc != auc else min(max(2.0 * auc - 1.0, 0.0), 1.0)
+
+
+def step_progress(costs: Tensor, read: Tensor) -> tuple[Tensor, Tensor]:
+    """The meter's own progress c_t − c_{t+1} over each step between two read decision states (``[n, S−1]``; the
+    terminal state, whose cost is the outcome's, is not read), and the mask of those steps."""
+    return costs[:, :-1] - costs[:, 1:], read[:, :-1] & read[:, 1:]
+
+
+def step_trust(probability: Tensor, tokens_to_go: Tensor, read: Tensor, reward: Tensor, group: Tensor,
+               failure_cost: float) -> tuple[float, float]:
+    """(AUC, τ) of ``trust=delta``: the probability that a step of a better rewarded trajectory shows more of the
+    meter's own progress (:func:`step_progress` of the soft readout c = p̃·min(v̂, C) + (1 − p̃)·C, no hindsight)
+    than a step of a worse rewarded trajectory of the same group, over every such pair of steps (ties half), and
+    τ = clip(2·AUC − 1, 0, 1). A meter whose readings do not change from step to step scores 0.5 (τ = 0)."""
+    costs = expected_costs(probability.double(), tokens_to_go.double(), failure_cost)
+    progress, steps = step_progress(costs, read)
+    trajectory = steps.nonzero(as_tuple=True)[0]
+    auc = within_group_auc(progress[steps], reward[trajectory], group[trajectory])
+    return auc, trust_from_auc(auc)
 
 
 def trusted_weights(weights: Tensor, trust: float, step_mask: Tensor) -> Tensor:
