@@ -160,3 +160,33 @@ def test_the_recommended_defaults_keep_the_invariants_and_report_their_trust():
     # GRPO's credit is not reported as a redistribution: every trajectory says the meter was not trusted.
     counts = credit.fallback_counts()
     assert counts["credit/redistributed"] == 0 and counts["credit/untrusted"] == 2
+
+
+def test_the_conservative_mix_adds_omega_times_the_group_normalised_step_change():
+    """deltattg_mix by hand: a success whose meter reads 30, 20, 10 tokens to go (Δ = 10, 10, 10 with the terminal 0)
+    and a failure stuck at 30 (Δ = 0, 0, −70 with the terminal C = 100). Ã = A ± ω·(Δ − mean)/(sample std + ε) over
+    the group's six steps; ω = 0 is GRPO; a group whose outcomes agree (A = 0) and a group with an invalid reading
+    keep their outcome advantages."""
+    from statistics import mean, stdev
+
+    from deltattg.credit import Fallback
+
+    stuck, progressing = [MeterOutput(True, 30.0)] * 3, [MeterOutput(True, v) for v in (30.0, 20.0, 10.0)]
+    rewards, successes = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0], [True, False, False, False, True, False]
+    meter = [progressing, stuck, stuck, stuck, progressing, [MeterOutput(True, 30.0), None, MeterOutput(True, 30.0)]]
+    batch = step_batch(rewards, successes, ["a", "a", "b", "b", "c", "c"], [[2, 2, 2]] * 6, meter)
+    settings = {"soft": False, "hindsight": False, "smooth": 1}
+    credit = get_estimator("deltattg_mix")(batch, CreditConfig(failure_cost=C, step_weight=0.5, **settings))
+    deltas = [10.0, 10.0, 10.0, 0.0, 0.0, -70.0]
+    z = [(d - mean(deltas)) / (stdev(deltas) + 1e-6) for d in deltas]
+    a = credit.advantage[0].item()
+    assert a == pytest.approx(0.5 / stdev([1.0] * 3 + [0.0] * 3), rel=1e-4)  # Eq. 14: each trajectory T_i rows
+    assert credit.advantage[1].item() == pytest.approx(-a)
+    assert credit.step_advantages[0].tolist() == pytest.approx([a + 0.5 * x for x in z[:3]], rel=1e-5)
+    assert credit.step_advantages[1].tolist() == pytest.approx([-a + 0.5 * x for x in z[3:]], rel=1e-5)
+    assert credit.step_advantages[2:4].abs().sum() == 0  # A = 0: not read, nothing added
+    assert credit.step_advantages[4].tolist() == pytest.approx([a] * 3, rel=1e-4)  # an invalid reading in its group
+    assert credit.fallback.tolist() == [Fallback.METER_STEPS] * 2 + [Fallback.ZERO_ADVANTAGE] * 2 + [
+        Fallback.INVALID_GROUP] * 2
+    grpo = get_estimator("deltattg_mix")(batch, CreditConfig(failure_cost=C, step_weight=0.0, **settings))
+    assert torch.allclose(grpo.step_advantages, grpo.advantage[:, None].expand(-1, 3))

@@ -173,6 +173,7 @@ class Fallback(enum.IntEnum):
     INFORMATION_GAIN = 7  # per-turn information gains of the reference answer plus the outcome (IGPO, A²TGPO)
     VERIFIED_TURNS = 8  # the outcome plus per-turn verified outcomes normalised per (prompt, turn) (CrEST)
     UNTRUSTED = 9  # the meter told this batch's outcomes apart no better than chance (trust τ = 0): GRPO's credit
+    METER_STEPS = 10  # the outcome plus ω × the meter's group-normalised step change (deltattg_mix)
 
 
 @dataclass

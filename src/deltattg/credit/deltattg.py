@@ -29,8 +29,9 @@ from deltattg.credit.batch import (
     MeterReadings,
     StepBatch,
 )
+from deltattg.credit.gigpo import STEP_WEIGHT, gigpo_step_advantage
 from deltattg.credit.grpo import group_sum, outcome_advantage
-from deltattg.credit.registry import Estimator, Option, Reads, register
+from deltattg.credit.registry import Estimator, Option, Reads, register, register_estimator
 
 Signal = Literal["ttg", "feas", "logit", "value"]
 
@@ -316,3 +317,42 @@ def family_record(name: str, variant: Variant) -> Estimator:
 
 for _name, _variant in VARIANTS.items():
     register(family_record(_name, _variant))
+
+
+# ---- the conservative mix (ours, issue 47) ----------------------------------------------------------------------------
+def mixed_step_advantages(advantage: Tensor, delta: Tensor, group: Tensor, step_mask: Tensor, step_weight: float,
+                          epsilon: float) -> Tensor:
+    """Ã_{i,t} = A_i + ω·Â^S_{i,t} (ours; GiGPO's episode + ω·step form with the meter's step change as the step
+    signal, OPRL's potential-based shaping normalised): Â^S is Δ_{i,t} normalised over every step of the trajectory's
+    group (mean and sample std; a group of one step gives 0); 0 at padding."""
+    step = gigpo_step_advantage(delta, torch.zeros_like(step_mask, dtype=torch.long), group, step_mask,
+                                epsilon=epsilon)  # fmt: skip
+    return torch.where(step_mask, advantage[:, None] + step_weight * step, torch.zeros_like(step))
+
+
+@register_estimator("deltattg_mix", reads=frozenset({Reads.METER, Reads.HISTORIES}), meter_field="can_complete",
+                    needs_failure_cost=True, options=(OPTIONS["failure_cost"], STEP_WEIGHT, *ROBUST_OPTIONS[:3]))
+def deltattg_mix(batch: StepBatch, config: CreditConfig) -> Credit:
+    """The conservative mix (ours): the outcome advantage plus ω × the robust meter's group-normalised step change.
+
+    Δ_{i,t} is robust DeltaTTG's (soft readout, hindsight, smoothing, the terminal anchored: Eq. 7–8), and only the
+    A_i ≠ 0 trajectories are read, as in Algorithm 1; a group with an invalid queried reading keeps its outcome
+    advantages. Unlike DeltaTTG it changes a step's advantage additively: the sign and the token mean of A_i are not
+    kept — ω bounds how far the meter can move it (GiGPO's A^E + ω·A^S; PURE and OPRL add step terms this way)."""
+    if batch.meter is None:
+        raise ValueError("deltattg_mix needs meter readings for the decision states")
+    advantage = outcome_advantage(batch, config)
+    step_mask = batch.step_mask
+    queried = (advantage != 0)[:, None] & step_mask
+    invalid = (queried & ~batch.meter.valid).any(dim=1)
+    invalid_group = (group_sum(invalid.to(advantage.dtype), batch.group, batch.num_groups) > 0)[batch.group]
+    read = (advantage != 0) & ~invalid_group
+    safe = replace(batch, meter=_without_invalid_readings(batch.meter, step_mask))
+    delta = progress_deltas(robust_potential(safe, config), step_mask)
+    mixed = mixed_step_advantages(advantage[read], delta[read], batch.group[read], step_mask[read],
+                                  config.step_weight, config.epsilon)  # fmt: skip
+    steps = torch.where(step_mask, advantage[:, None], torch.zeros_like(delta))
+    steps[read] = mixed.to(steps.dtype)
+    credit = Credit.additive(advantage, steps, Fallback.METER_STEPS)
+    credit.fallback[invalid_group & (advantage != 0)] = Fallback.INVALID_GROUP
+    return credit

@@ -221,8 +221,11 @@ def step_group_credit(episode: Tensor, advantages: Tensor) -> Credit:
     return Credit.additive(episode, advantages, Fallback.STEP_GROUPS)
 
 
-@register_estimator("gigpo", reads=STEP_GROUP_READS, options=(
-    GAMMA, Option("step_weight", "ω: A = episode + ω·step (step_advantage_w)", low=-1e6, high=1e6), NORM))  # fmt: skip
+STEP_WEIGHT = Option("step_weight", "ω: A = episode + ω·step term (GiGPO's step_advantage_w; deltattg_mix: the "
+                     "meter's step change, normalised within the group)", low=-1e6, high=1e6)
+
+
+@register_estimator("gigpo", reads=STEP_GROUP_READS, options=(GAMMA, STEP_WEIGHT, NORM))
 def gigpo(batch: StepBatch, config: CreditConfig) -> Credit:
     """GiGPO: episode advantage + ω·step advantage within anchor-observation groups (verl-agent's core_gigpo)."""
     step_rewards, anchor = step_group_inputs(batch)
