@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from deltattg.command import UsageError, number, run_parsed, seed_int
 
 DESCRIPTION = """\
-The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 14 minutes):
+The main job, end to end on the built-in household environment (no network, 2 CPU cores, about 10 minutes):
   1. a tiny word-level Llama actor behaviour-cloned on noisy-expert episodes (the base actor);
   2. trajectories of a pool of diverse policies (noisy experts at several eps, random, the base actor);
   3. the meter of deltattg_robust@best-of-k: best-of-k labels (the base actor completes each pool state K times; no
@@ -29,7 +29,7 @@ The main job, end to end on the built-in household environment (no network, 2 CP
 
 EPILOG = """\
 examples:
-  deltattg demo                              # the full demo, ~14 minutes on 2 cores -> runs/demo/report.md
+  deltattg demo                              # the full demo, ~10 minutes on 2 idle cores -> runs/demo/report.md
   deltattg demo --quick --out runs/quick     # < 2 minutes, nothing learns, every stage and plot runs (CI)
   deltattg demo --model smollm2              # SmolLM2-135M-Instruct actor (offline): RL takes minutes per step on CPU
   deltattg demo --env alfworld --data ALFWORLD_JSON_DIR --model smollm2
