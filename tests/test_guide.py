@@ -50,6 +50,16 @@ def test_oracle_guided_noisy_expert_beats_natural_and_random(tokenizer, tmp_path
     assert [(a["success"], a["steps"]) for a in rerun["arms"]] == [(a["success"], a["steps"]) for a in report["arms"]]
 
 
+def test_the_json_records_the_environment_options_it_played(tokenizer, tmp_path):
+    """--env-option knobs shape the tasks, so the report names them (null when none were given)."""
+    plain, knob = tmp_path / "plain.json", tmp_path / "knob.json"
+    base = [*GUIDE[:-4], "--episodes", "2", "--seed", "0", "--tokenizer", str(tokenizer), "--no-progress"]
+    assert main([*base, "--json", str(plain)]) == 0
+    assert main([*base, "--env-option", "max_steps=9", "--json", str(knob)]) == 0
+    assert json.loads(plain.read_text())["env_options"] is None
+    assert json.loads(knob.read_text())["env_options"] == {"max_steps": 9}
+
+
 def test_oracle_reads_each_branch_as_a_record(tokenizer):
     """The library call: with K = 1 the guided arms take the actor's only proposal, so all three arms agree."""
     from deltattg.hf import load_tokenizer

@@ -15,6 +15,8 @@ from deltattg.cli.common import (
     check_expert,
     check_out,
     environment,
+    environment_options,
+    local_path,
     meter_of,
     tokenizer_of,
 )
@@ -134,7 +136,8 @@ def cmd_guide(args: argparse.Namespace) -> int:
     print(f"meter: {result.meter_seconds:.2f} s of the meter-guided arm's {result.rows[-1].seconds:.2f} s "
           f"({100 * result.meter_share:.1f}%); all arms {wall:.2f} s")
     if args.json:
-        report = {"env": args.env, "short": args.short, "split": split, "actor": args.actor, "meter": args.meter,
+        report = {"env": args.env, "short": args.short, "env_options": environment_options(args) or None,
+                  "data": local_path(args.data), "split": split, "actor": args.actor, "meter": args.meter,
                   "candidates": args.candidates, "episodes": len(tasks), "seed": args.seed,
                   "max_turns": args.max_turns, "tasks": [t.id for t in tasks],
                   "arms": [{"name": r.name, "candidates": r.candidates, "success": r.success, "steps": r.steps,
