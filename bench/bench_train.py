@@ -139,21 +139,25 @@ def run_one(args: argparse.Namespace, seed: int, arm: Arm) -> str:
 
 
 def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
-    """Every seed's preparation, then every (seed, arm) run, ``--jobs`` processes at a time; refused before anything
-    is made where a seed's preparation or a finished run was made otherwise (unless ``--allow-mixed``)."""
+    """The seeds ``--jobs`` at a time: their preparations, then their (seed, arm) runs, ``--jobs`` processes at once —
+    so finished seeds accumulate (a long benchmark stopped part way keeps every seed it finished); refused before
+    anything is made where a seed's preparation or a finished run was made otherwise (unless ``--allow-mixed``)."""
     import multiprocessing
 
     if not args.allow_mixed:
         refuse_stale([line for seed in args.seeds
                       for line in stale_work(seed_config(args, seed), args.out / f"seed-{seed}", arms)])
     meters = meters_read(arms)
-    units = [(seed, arm) for seed in args.seeds for arm in arms]
+    jobs = max(args.jobs, 1)
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max(args.jobs, 1), mp_context=context) as pool:
-        for line in pool.map(prepare, [args] * len(args.seeds), args.seeds, [meters] * len(args.seeds)):
-            print(line, flush=True)
-        for line in pool.map(run_one, [args] * len(units), *zip(*units)):
-            print(line, flush=True)
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for start in range(0, len(args.seeds), jobs):
+            seeds = args.seeds[start : start + jobs]
+            for line in pool.map(prepare, [args] * len(seeds), seeds, [meters] * len(seeds)):
+                print(line, flush=True)
+            units = [(seed, arm) for seed in seeds for arm in arms]
+            for line in pool.map(run_one, [args] * len(units), *zip(*units)):
+                print(line, flush=True)
 
 
 # ---- reporting -----------------------------------------------------------------------------------------------------
@@ -713,7 +717,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in RUN_LENGTH:  # flags of RegimeConfig's fields, their help and default from the field
         parser.add_argument(f"--{name.replace('_', '-')}", type=count(1), help=f"{setting_help(RegimeConfig, name)} "
                             f"(default: the regime's, {setting_default(RegimeConfig, name)})")
-    parser.add_argument("--jobs", type=count(1), default=1, help="seeds run in parallel processes (default 1)")
+    parser.add_argument("--jobs", type=count(1), default=1, help="seeds run in parallel processes, that many seeds "
+                        "at a time (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="change one RegimeConfig setting: FIELD=VALUE or SECTION.FIELD=VALUE (typed as the "
