@@ -77,3 +77,32 @@ def test_meter_candidates_train_each_recipe_on_each_label_source_and_read_it_aga
     assert bench.main(["--quick", "--seeds", "0", "--out", str(tmp_path / "bench"), "--labels", "planner",
                        "--candidates", "one=meter_epochs=2", "--allow-mixed"]) == 0  # renamed alike, trained anew
     assert len(list((tmp_path / "bench" / "seed-0" / "candidates").iterdir())) == 3
+
+
+def test_gain_vs_delta_pairs_each_meter_reading_arm_with_its_meters_delta(tmp_path, capsys):
+    """gain_vs_delta.py: a point per arm that reads a meter (GRPO none), x the held-out Δ Spearman of the meter it
+    reads (the learned meter of its label source, the oracle, the belief reference), y its paired test gain; a
+    benchmark without a drawn report, or a meter the fit did not read, exits 2 naming the file."""
+    bench = bench_script("gain_vs_delta")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    gain = {"mean": 0.05, "low": 0.01, "high": 0.09, "p": 0.02}
+    (runs / "bench_train.json").write_text(json.dumps({"seeds": [1, 2, 3], "arms": {
+        "grpo": {"test_minus_grpo": None}, "deltattg_robust@best-of-k": {"test_minus_grpo": gain},
+        "deltattg@belief": {"test_minus_grpo": gain | {"mean": 0.07}}}}))  # fmt: skip
+    records = [{"meter": m, "state_set": s, "delta_spearman": d} for m, s, d in (
+        ("best-of-k", "training", 0.9), ("labels: best-of-k", "held-out", 0.8), ("best-of-k", "held-out", 0.6),
+        ("belief", "held-out", 0.95))]  # fmt: skip
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"meters": records}))
+    summary = tmp_path / "points.json"
+    assert bench.main(["--benchmark", str(runs), str(fit), "--out", str(tmp_path / "g.png"), "--summary",
+                       str(summary)]) == 0  # fmt: skip
+    found = {p["arm"]: (p["delta_spearman"], p["gain"]) for p in json.loads(summary.read_text())["points"]}
+    assert found == {"deltattg_robust@best-of-k": (0.6, 0.05), "deltattg@belief": (0.95, 0.07)}
+    assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    fit.write_text(json.dumps({"meters": records[:3]}))  # no belief record
+    assert bench.main(["--benchmark", str(runs), str(fit), "--out", str(tmp_path / "h.png")]) == 2
+    assert "no held-out record of the meter 'belief'" in capsys.readouterr().err and not (tmp_path / "h.png").exists()
+    assert bench.main(["--benchmark", str(tmp_path), str(fit), "--out", str(tmp_path / "h.png")]) == 2
+    assert "no report there" in capsys.readouterr().err
