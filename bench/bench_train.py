@@ -435,14 +435,14 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
 
 
 # ---- archive -------------------------------------------------------------------------------------------------------
-UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "rollout/success")  # what a collapse is read from
+UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "stopped_early", "rollout/success")  # what a collapse is read from
 ACCOUNTED = ("rollout/trajectories", "cumulative_response_tokens")  # what an arm consumed during RL
 
 
 def archived_metrics() -> tuple[str, ...]:
     """The metrics the report reads of a run — its steps, evaluations, test split, step times and training readings —
     and the update readings a collapse is diagnosed from (how far each update moved the policy, the gradient's norm
-    before clipping, the rollouts' success)."""
+    before clipping, whether the target-KL guard ended it early, the rollouts' success)."""
     return ("step", CURVE_METRIC, TEST_METRIC, "time/step", *(metric for _, metric, _, _ in TRAINING_READINGS),
             *UPDATE_READINGS, *ACCOUNTED)  # fmt: skip
 
