@@ -435,7 +435,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
 
 
 # ---- archive -------------------------------------------------------------------------------------------------------
-UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "stopped_early", "rollout/success")  # what a collapse is read from
+UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "stopped_early", "rollout/success")  # a collapse's readings
 ACCOUNTED = ("rollout/trajectories", "cumulative_response_tokens")  # what an arm consumed during RL
 
 

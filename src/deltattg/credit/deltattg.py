@@ -173,6 +173,16 @@ class Variant:
         return self.signal in ("ttg", "feas")
 
 
+def queried_states(batch: StepBatch, advantage: Tensor) -> tuple[Tensor, Tensor]:
+    """Algorithm 1, lines 9, 12, 31: the decision states the meter is read on (``[n, S]``: those of the A ≠ 0
+    trajectories) and, per trajectory, whether its group holds an invalid queried reading (the whole group then keeps
+    its outcome advantages)."""
+    assert batch.meter is not None
+    queried = (advantage != 0)[:, None] & batch.step_mask
+    invalid = (queried & ~batch.meter.valid).any(dim=1)
+    return queried, (group_sum(invalid.to(advantage.dtype), batch.group, batch.num_groups) > 0)[batch.group]
+
+
 def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Credit:
     """Algorithm 1, lines 6–31, vectorised over the whole batch."""
     if batch.meter is None:
@@ -181,11 +191,7 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     step_mask = batch.step_mask
     meter = batch.meter
 
-    # Lines 9, 12, 31: only A ≠ 0 trajectories are queried; one invalid queried reading voids its whole group.
-    queried = (advantage != 0)[:, None] & step_mask
-    invalid = (queried & ~meter.valid).any(dim=1)
-    group_invalid = group_sum(invalid.to(advantage.dtype), batch.group, batch.num_groups) > 0
-    invalid_group = group_invalid[batch.group]
+    queried, invalid_group = queried_states(batch, advantage)
 
     # Lines 14-15: every state predicted unsuccessful -> keep the original advantage. (The robust record's soft
     # readout still ranks such states by p̃, and hindsight makes a successful trajectory's states completable.)
@@ -195,7 +201,7 @@ def redistribute(batch: StepBatch, config: CreditConfig, variant: Variant) -> Cr
     if variant.has_completion_prediction and not (variant.robust and config.soft):
         all_unsuccessful = ~((predicted & meter.valid & step_mask).any(dim=1))
     else:
-        all_unsuccessful = torch.zeros_like(invalid)
+        all_unsuccessful = torch.zeros_like(invalid_group)
 
     # Lines 17-27 for everyone at once; the rules above decide who keeps them.
     safe = replace(batch, meter=_without_invalid_readings(meter, step_mask))
@@ -293,8 +299,8 @@ ROBUST_OPTIONS = (
     Option("share_cap", "share cap κ: no step's share q_t exceeds κ/T_i (1: GRPO's uniform shares; ours)", low=1,
            high=MAX_CREDIT_SETTING, metavar="KAPPA"),
     Option("trust", "auc: scale the redistribution by clip(2·AUC − 1, 0, 1) of each trajectory's mean p̃ against "
-           "the outcomes of the batch's groups; delta: of each step's own progress c_t − c_{t+1} instead; none (ours)",
-           choices=TRUST_MODES),
+           "the outcomes of the batch's groups; delta: of each step's own progress c_t − c_{t+1} instead; none "
+           "(ours)", choices=TRUST_MODES),
 )
 
 
@@ -319,7 +325,7 @@ for _name, _variant in VARIANTS.items():
     register(family_record(_name, _variant))
 
 
-# ---- the conservative mix (ours, issue 47) ----------------------------------------------------------------------------
+# ---- the conservative mix (ours, issue 47) --------------------------------------------------------------------------
 def mixed_step_advantages(advantage: Tensor, delta: Tensor, group: Tensor, step_mask: Tensor, step_weight: float,
                           epsilon: float) -> Tensor:
     """Ã_{i,t} = A_i + ω·Â^S_{i,t} (ours; GiGPO's episode + ω·step form with the meter's step change as the step
@@ -343,9 +349,7 @@ def deltattg_mix(batch: StepBatch, config: CreditConfig) -> Credit:
         raise ValueError("deltattg_mix needs meter readings for the decision states")
     advantage = outcome_advantage(batch, config)
     step_mask = batch.step_mask
-    queried = (advantage != 0)[:, None] & step_mask
-    invalid = (queried & ~batch.meter.valid).any(dim=1)
-    invalid_group = (group_sum(invalid.to(advantage.dtype), batch.group, batch.num_groups) > 0)[batch.group]
+    _, invalid_group = queried_states(batch, advantage)
     read = (advantage != 0) & ~invalid_group
     safe = replace(batch, meter=_without_invalid_readings(batch.meter, step_mask))
     delta = progress_deltas(robust_potential(safe, config), step_mask)

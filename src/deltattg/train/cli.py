@@ -26,7 +26,8 @@ eval_split), rollout (batch_size, group_size, max_turns, max_new_tokens, tempera
 dynamic_sampling, min_group_std, max_gen_batches), credit (rho, cap, failure_cost, ...), loss (clip_low, clip_high,
 dual_clip, kl_coef, kl_estimator, entropy_coef), optim (lr, weight_decay, max_grad_norm, mini_batch_size,
 micro_batch_size, recompute_old_logprobs, target_kl), meter (path), eval (every, num_tasks, greedy, sampled,
-at_start), run (out, steps, seed, save_every, tensorboard, progress, threads). Print a preset with --print-config to see them all.
+at_start), run (out, steps, seed, save_every, tensorboard, progress, threads). Print a preset with --print-config to
+see them all.
 """
 
 
