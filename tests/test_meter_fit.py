@@ -51,7 +51,12 @@ def test_eval_meter_on_expert_trajectories_and_against_a_reference(tmp_path, cap
                  "--json", str(out), "--no-progress"]) == 0  # fmt: skip
     itself = json.loads(out.read_text())["reference"]
     assert itself["delta_spearman"] == pytest.approx(1.0) and itself["delta_sign_agreement"] == 1.0
-    assert "step changes Δ (C = " in capsys.readouterr().out
+    confusion = itself["delta_sign_confusion"]  # every step on the diagonal, an expert's mostly progress
+    assert sum(n for row in confusion.values() for n in row.values()) == itself["steps"]
+    assert all(n == 0 for kind, row in confusion.items() for other, n in row.items() if other != kind)
+    assert confusion["progress"]["progress"] > 0
+    printed = capsys.readouterr().out
+    assert "step changes Δ (C = " in printed and "read by oracle as progress / none / regress: progress (" in printed
 
 
 def reading(v: float | None, can: bool = True) -> MeterOutput:
@@ -64,6 +69,19 @@ def test_step_changes_follow_eq_7_and_8_with_the_terminal_anchored():
     assert step_changes(True, row, 100.0) == [30 - 100, 0.0, None, None, 10.0]
     assert step_changes(False, row[:2], 100.0) == [-70.0, 0.0]
     assert step_changes(True, [], 100.0) == []
+
+
+def test_the_sign_confusion_counts_each_reference_kind_by_the_meters_kind():
+    """Rows: the reference's kind of step (its Δ's sign); columns: ours. A meter that reads a no-op step as a little
+    progress and a regress as none lands off the diagonal there."""
+    trajectories = sibling_trajectories([["a", "b", "c"]], [True])
+    reference = [[reading(40.0), reading(40.0), reading(50.0)]]  # Δ: 0 (none), −10 (regress), +50 (terminal)
+    ours = [[reading(40.0), reading(38.0), reading(38.0)]]  # Δ: +2 (progress), 0 (none), +38 (progress)
+    changes = step_change_agreement(trajectories, ours, reference, 100.0)
+    assert changes.sign_confusion == {"progress": {"progress": 1, "none": 0, "regress": 0},
+                                      "none": {"progress": 1, "none": 0, "regress": 0},
+                                      "regress": {"progress": 0, "none": 1, "regress": 0}}  # fmt: skip
+    assert changes.delta_sign_agreement == pytest.approx(1 / 3)
 
 
 def sibling_trajectories(actions: list[list[str]], success: list[bool]) -> list[Trajectory]:

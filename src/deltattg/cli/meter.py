@@ -247,9 +247,17 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
               f"{three_decimals(changes.delta_spearman, 'n/a')}, sign agrees on "
               f"{three_decimals(changes.delta_sign_agreement, 'n/a')}; {changes.sibling_pairs} sibling pairs ordered "
               f"alike: {three_decimals(changes.sibling_ranking, 'n/a')}")
+        print(f"steps by {args.reference}'s kind, read by {args.meter} as progress / none / regress: "
+              + "; ".join(f"{kind} ({sum(row.values())}) {kinds_share(row)}" for kind, row in changes.sign_confusion.items()))
     if args.json:
         write_json(args.json, results)
     return 0
+
+
+def kinds_share(row: dict[str, int]) -> str:
+    """``a / b / c %``: the shares of one kind of step that a meter reads as progress, none and regress."""
+    total = sum(row.values())
+    return " / ".join(f"{100 * n / total:.0f}" for n in row.values()) + " %" if total else "-"
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -120,7 +120,7 @@ class Agreement:
     reference_completable: int = 0  # states the reference reads completable
     changes: StepChanges | None = None
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         out = {"states": self.states, "completion_agreement": self.completion_agreement,
                "b_balanced_accuracy": self.b_balanced_accuracy, "reference_completable": self.reference_completable,
                "ttg_spearman": self.ttg_spearman}  # fmt: skip
@@ -184,13 +184,26 @@ def sign(value: float) -> int:
     return (value > 0) - (value < 0)
 
 
+STEP_KINDS = {1: "progress", 0: "none", -1: "regress"}  # a step by the sign of its Δ
+
+
+def sign_confusion(pairs: Sequence[tuple[float, float]]) -> dict[str, dict[str, int]]:
+    """Steps counted by the kind the reference's Δ gives them (rows: progress, none, regress) and the kind ours gives
+    (columns) from ``(ours, reference)`` pairs — where a meter's Δ goes wrong, e.g. no-op steps read as progress."""
+    out = {row: dict.fromkeys(STEP_KINDS.values(), 0) for row in STEP_KINDS.values()}
+    for ours, reference in pairs:
+        out[STEP_KINDS[sign(reference)]][STEP_KINDS[sign(ours)]] += 1
+    return out
+
+
 @dataclass(frozen=True)
 class StepChanges:
     """How one meter's per-step change Δ (what DeltaTTG redistributes credit by, Eq. 8) follows a reference's, on the
     steps both read (both states valid; the terminal state anchored at 0 or C, so the last step counts too):
     Spearman of the two Δ; the share of steps whose sign — progress (Δ > 0), none (Δ = 0), regress (Δ < 0) — agrees;
     and, where recorded trajectories share a decision state and take different actions from it (``sibling_pairs``
-    such pairs), the share of pairs both order alike by Δ (the reference's ties left out, the meter's ties count ½)."""
+    such pairs), the share of pairs both order alike by Δ (the reference's ties left out, the meter's ties count ½);
+    and the steps of each kind by the reference's sign counted by ours (:func:`sign_confusion`)."""
 
     steps: int
     delta_spearman: float
@@ -198,11 +211,13 @@ class StepChanges:
     sibling_pairs: int
     sibling_ranking: float
     failure_cost: float
+    sign_confusion: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "delta_spearman": self.delta_spearman,
                 "delta_sign_agreement": self.delta_sign_agreement, "sibling_pairs": self.sibling_pairs,
-                "sibling_ranking": self.sibling_ranking, "failure_cost": self.failure_cost}  # fmt: skip
+                "sibling_ranking": self.sibling_ranking, "failure_cost": self.failure_cost,
+                "delta_sign_confusion": self.sign_confusion}  # fmt: skip
 
 
 def sibling_steps(trajectories: Sequence[Trajectory]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -235,7 +250,8 @@ def step_change_agreement(trajectories: Sequence[Trajectory], ours: Sequence[Seq
         if None not in (a, b, x, y) and x != y:
             orders.append(1.0 if sign(a - b) == sign(x - y) else 0.5 if a == b else 0.0)
     return StepChanges(len(pairs), spearman([a for a, _ in pairs], [b for _, b in pairs]),
-                       mean([sign(a) == sign(b) for a, b in pairs]), len(orders), mean(orders), failure_cost)
+                       mean([sign(a) == sign(b) for a, b in pairs]), len(orders), mean(orders), failure_cost,
+                       sign_confusion(pairs))
 
 
 def default_failure_cost(trajectories: Sequence[Trajectory], reference: Sequence[Sequence[Any]]) -> float:
