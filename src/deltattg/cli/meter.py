@@ -247,8 +247,9 @@ def cmd_eval_meter(args: argparse.Namespace) -> int:
               f"{three_decimals(changes.delta_spearman, 'n/a')}, sign agrees on "
               f"{three_decimals(changes.delta_sign_agreement, 'n/a')}; {changes.sibling_pairs} sibling pairs ordered "
               f"alike: {three_decimals(changes.sibling_ranking, 'n/a')}")
+        kinds = changes.sign_confusion.items()
         print(f"steps by {args.reference}'s kind, read by {args.meter} as progress / none / regress: "
-              + "; ".join(f"{kind} ({sum(row.values())}) {kinds_share(row)}" for kind, row in changes.sign_confusion.items()))
+              + "; ".join(f"{kind} ({sum(row.values())}) {kinds_share(row)}" for kind, row in kinds))
     if args.json:
         write_json(args.json, results)
     return 0
