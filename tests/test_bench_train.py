@@ -142,15 +142,17 @@ def config_options() -> dict:
 def test_a_labelled_arm_learns_its_meter_from_completions_and_reports_the_test_split(tmp_path):
     """``deltattg@best-of-k`` in the quick regime: the seed's pool is labelled by completions (here a noisy expert,
     a cheap completer; the benchmark's arms complete with the base actor), the labels kept beside the seed's other
-    stages, a meter trained on them that names its source; every run ends with a test-split evaluation that the
+    stages, a meter trained on them (with the features ``--set`` asks for) that names its source; every run ends with a test-split evaluation that the
     report tabulates."""
     out = tmp_path / "bench"
     command = [sys.executable, str(REPO / "bench" / "bench_train.py"), "--quick", "--arms", "grpo",
-               "deltattg@best-of-k", "--seeds", "0", "--out", str(out), "--set", "label_completer=expert:0.3"]
+               "deltattg@best-of-k", "--seeds", "0", "--out", str(out), "--set", "label_completer=expert:0.3",
+               "--set", "meter_pooling=last+mean"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     seed = out / "seed-0"
     config = json.loads((seed / "meter-best-of-k" / "meter_config.json").read_text())
+    assert config["pooling"] == "last+mean"  # the regime's meter_* fields reach the meter it trains
     assert config["labels"] == {"source": "best-of-k", "completer": "expert:0.3", "completions": 1, "seed": 0,
                                 "environment": {"env": "household", "size": "short", "options": config_options(),
                                                 "data": None},
@@ -224,6 +226,17 @@ def test_the_report_says_which_seeds_ran_on_which_machine(tmp_path, bench_train,
     assert f"Machines: {where}." in (tmp_path / "bench_train.md").read_text()
     line = bench_script("summary").render(json.loads((tmp_path / "summary.json").read_text()), "arms")
     assert f"; {where}.</sub>" in line and "cores" not in line  # not the machine the report was drawn on
+
+
+@pytest.mark.parametrize("setting, named", [("meter_pooling=mean", "meter_pooling must be one of last, last+mean"),
+                                              ("meter_init=bert", "meter_init must be one of actor, scratch")])
+def test_a_meter_setting_out_of_range_is_refused_before_anything_is_made(tmp_path, bench_train, capsys, setting,
+                                                                        named):
+    out = tmp_path / "bench"
+    with pytest.raises(SystemExit) as exit_info:
+        bench_train.main(["--quick", "--arms", "grpo", "--seeds", "0", "--out", str(out), "--set", setting])
+    assert exit_info.value.code == 2 and named in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_second_benchmark_on_the_same_out_is_refused_before_it_writes(tmp_path, bench_train, capsys):

@@ -41,6 +41,8 @@ HOUSEHOLD_OPTIONS: dict[str, Any] = {  # HouseholdConfig knobs over HouseholdCon
 }
 
 
+METER_INITS = ("actor", "scratch")  # RegimeConfig.meter_init: where the meter's backbone starts
+
 RECOMMENDED_ARM = "deltattg_robust@best-of-k"
 """The recommended planner-free arm: robust DeltaTTG with a meter learned from best-of-k labels (safer than
 ``deltattg`` with a learned meter; at 20 seeds no different from GRPO: docs/benchmarks.md)."""
@@ -88,10 +90,11 @@ class RegimeConfig:
     meter_layers: int = 2  # scratch only
     meter_heads: int = 4  # scratch only
     meter_max_length: int = 1024
-    meter_epochs: int = 12
+    meter_epochs: int = 24  # 12 underfit: Δ Spearman 0.68 → 0.71 on best-of-k labels (docs/benchmarks.md)
     meter_batch_size: int = 4
     meter_lr: float = 3e-4
     meter_delta_weight: float = 3.0  # weight of the step-change loss (RegressionTrainConfig.delta_weight)
+    meter_pooling: str = "last"  # a state's features: "last" (the boundary token) or "last+mean" (RegressionConfig)
 
     # ---- where the learned meters' labels come from (``rollout.label_sources``; arms ``METHOD@SOURCE``) ----
     label_completer: str = ACTOR_IN_POOL  # rollout / best-of-k: the base actor (no planner); expert:EPS = a reference
@@ -144,6 +147,14 @@ class RegimeConfig:
     threads: int = 1
     jobs: int = 3  # RL arms trained at once, each in its own process (one per arm: a last arm alone would leave a core idle)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        from deltattg.meter.regression import POOLINGS
+
+        if self.meter_init not in METER_INITS:
+            raise ValueError(f"meter_init must be one of {', '.join(METER_INITS)}, got {self.meter_init!r}")
+        if self.meter_pooling not in POOLINGS:
+            raise ValueError(f"meter_pooling must be one of {', '.join(POOLINGS)}, got {self.meter_pooling!r}")
 
     @property
     def is_tiny(self) -> bool:
@@ -208,6 +219,7 @@ QUICK: dict[str, Any] = {  # CI: every stage runs and every plot is drawn, nothi
 DEMO_BUDGET: dict[str, Any] = {  # `deltattg demo` in 10 minutes on 2 cores: fewer RL steps and a smaller pool
     "steps": 30,
     "pool_episodes": 96,
+    "meter_epochs": 12,  # half the regime's: the meter's training would take 5 of the 10 minutes
     "test_split": None,
 }
 

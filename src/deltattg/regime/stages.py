@@ -188,8 +188,6 @@ def meter_backbone(config: RegimeConfig, actor: BaseActor) -> Any:
     """The meter's backbone before training: a tiny Llama from scratch over the actor's tokenizer
     (``meter_init="scratch"``), or a copy of the actor's own decoder (``"actor"``: the behaviour-cloned policy's
     weights, as SPA-RL and PRIME start their estimators from the policy)."""
-    if config.meter_init not in ("scratch", "actor"):
-        raise ValueError(f"meter_init must be scratch or actor, got {config.meter_init!r}")
     if config.meter_init == "actor":
         return copy.deepcopy(getattr(actor.model, "model", actor.model)).float()
     return tiny_llama(actor.tokenizer, hidden=config.meter_hidden, layers=config.meter_layers,
@@ -208,6 +206,7 @@ def train_meter(config: RegimeConfig, trajectories: Sequence[Trajectory], actor:
     backbone = meter_backbone(config, actor)
     meter = RegressionMeter(backbone, tokenizer, RegressionConfig(backbone="tiny", max_length=config.meter_max_length,
                                                                   head_hidden=4 * backbone.config.hidden_size,
+                                                                  pooling=config.meter_pooling,
                                                                   turn_limit=config.max_turns if turns_left else None,
                                                                   labels=labelling.to_json()))  # fmt: skip
     windows, examples = records_examples(meter, trajectories, labels)  # the meter's target is TTG: the reward is not read
