@@ -18,7 +18,7 @@ from deltattg.data.sources import read_trajectory_file
 from deltattg.data.tokens import ActionTokens, located_step_tokens
 from deltattg.hf import load_tokenizer
 from deltattg.rollout.collect import build_policy, parse_policy
-from deltattg.rollout.label_sources import make_labels, partial_path
+from deltattg.rollout.label_sources import labels_of_batch, make_labels, partial_path
 from deltattg.rollout.output import held_file
 from deltattg.rollout.policies import SamplingConfig
 from deltattg.rollout.prompts import PromptConfig
@@ -256,3 +256,31 @@ def test_bench_style_labels_name_their_meter_not_its_path(tmp_path):
     tiny_meter(seed=1).save_pretrained(second)
     assert label_settings(config, "td", first) != label_settings(config, "td", second)
     assert replace(label_settings(config, "best-of-k"), seed=1) != label_settings(config, "best-of-k")
+
+
+def test_a_batch_in_memory_gets_the_labels_a_file_would_have(pool, tmp_path):
+    """``labels_of_batch`` (the on-policy meter refresh's labeller) labels trajectories held in memory as
+    ``make_labels`` labels them into a file: with a deterministic completer (the expert, no mistakes) the labels are
+    the same, state for state, and the completions are counted (once per distinct state); a batch it cannot key by id, or without step tokens,
+    or a source without completions, is refused."""
+    path, tokenizer, _ = pool
+    items = read_trajectory_file(str(path)).items
+    tok = load_tokenizer(str(tokenizer))
+    trajectories = [replace(item.trajectory, step_tokens=located_step_tokens(item, tok)) for item in items]
+    settings = LabelSettings("best-of-k", completer="expert:0.0", completions=2, seed=5)
+    expert = build_policy(parse_policy("expert:0.0"), 0, SamplingConfig(max_new_tokens=6), PromptConfig())
+    labels, cost = labels_of_batch(trajectories, settings, expert, ActionTokens(tok))
+    from_file, _ = make_labels([replace(item, trajectory=t) for item, t in zip(items, trajectories)],
+                               [t.step_tokens for t in trajectories], settings, tmp_path / "labels.jsonl",
+                               completer=lambda: expert, count_action=ActionTokens(tok), progress=False)  # fmt: skip
+    assert labels == from_file
+    states = sum(t.num_steps for t in trajectories)
+    assert cost.states == states and cost.unreplayable == 0 and cost.completer_tokens > 0
+    assert 0 < cost.episodes < 2 * states and cost.episodes % 2 == 0  # K = 2 per distinct state: a group shares s_0
+    assert any(not label.can_complete for t in trajectories for label in labels[t.id])  # not every state completable
+    with pytest.raises(ValueError, match="repeats an id"):
+        labels_of_batch(trajectories[:1] * 2, settings, expert, ActionTokens(tok))
+    with pytest.raises(ValueError, match="no step_tokens"):
+        labels_of_batch([replace(trajectories[0], step_tokens=None)], settings, expert, ActionTokens(tok))
+    with pytest.raises(ValueError, match="not 'outcome'"):
+        labels_of_batch(trajectories, LabelSettings("outcome"), expert, ActionTokens(tok))

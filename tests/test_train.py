@@ -9,6 +9,7 @@ or the household oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from collections import Counter
 
+from deltattg.data.labels import StateLabel
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import StepResult
 from deltattg.envs.household import HouseholdConfig, HouseholdEnv
@@ -35,6 +37,7 @@ from deltattg.loss import LossConfig, policy_loss
 from deltattg.meter.base import CachedMeter
 from deltattg.meter.loading import read_states
 from deltattg.meter.regression import RegressionConfig, RegressionMeter
+from deltattg.meter.train_regression import OnPolicyRefresh
 from deltattg.rollout.engine import run_episodes
 from deltattg.rollout.policies import LMPolicy, NoisyExpertPolicy, SamplingConfig
 from deltattg.rollout.prompts import PromptConfig
@@ -375,6 +378,57 @@ def test_on_policy_refresh_trains_the_meter_head_and_resumes_exactly(tmp_path, a
     assert any(not torch.equal(state["meter_head"][k], saved[k]) for k in saved)  # the head did move
     with pytest.raises(ValueError, match="oracle reads the planner"):
         small_config(tmp_path / "d", actor_dir, "deltattg", "oracle", "meter.refresh_every=1")
+
+
+def test_a_refresh_learns_the_labels_it_is_given(actor_dir):
+    """``OnPolicyRefresh.update(labels=...)`` (what ``meter.refresh_labels=best-of-k`` hands it) learns those labels,
+    not the outcomes: states of failed trajectories, labelled completable, read as completable after the refresh,
+    and as hopeless after a refresh on their outcomes."""
+    tokenizer = load_tokenizer(str(actor_dir))
+    failed = [dataclasses.replace(t, success=False, reward=0.0, step_tokens=[4] * t.num_steps)
+              for t in expert_trajectories()]  # fmt: skip
+    completable = {t.id: [StateLabel(True, 4.0 * (t.num_steps - k), "best-of-k") for k in range(t.num_steps + 1)]
+                   for t in failed}  # fmt: skip
+
+    def read_after_refresh(labels):
+        meter = tiny_regression_meter(tokenizer)
+        record = OnPolicyRefresh(meter, lr=1e-2, epochs=20).update(failed, seed=0, labels=labels)
+        assert record["meter/refresh_states"] == sum(t.num_steps + 1 for t in failed)
+        rows = read_states(meter.eval(), failed)[0]
+        return sum(r.probability for row in rows for r in row) / sum(len(row) for row in rows)
+
+    assert read_after_refresh(completable) > 0.9 and read_after_refresh(None) < 0.1
+
+
+def as_text(records: list[dict]) -> list[str]:
+    """Records without their timings as JSON text: equal where a NaN (robust DeltaTTG's trust AUC of a batch with
+    one outcome) is equal."""
+    return [json.dumps(without_timing(r), sort_keys=True) for r in records]
+
+
+def test_a_best_of_k_refresh_completes_the_batch_with_the_current_actor(tmp_path, actor_dir, meter_dir):
+    """``meter.refresh_labels=best-of-k``: every refresh replays the batch's states in the run's environment and the
+    current actor completes each K times, the cost in the step's record; the completions draw from a stream of their
+    own, so the next steps' rollouts are those of a run whose refresh reads outcomes, and a resumed run equals the
+    straight one (EASY tasks cannot be won: the labels are the outcomes' here and robust DeltaTTG's trust AUC is
+    NaN; the test above checks that labels given are learnt)."""
+    best = ("meter.refresh_every=1", "meter.refresh_labels=best-of-k", "meter.refresh_completions=2")
+    straight = train(small_config(tmp_path / "a", actor_dir, "deltattg_robust", meter_dir, "run.steps=3", *best))
+    refreshes = [r for r in straight if "meter/refresh_states" in r]
+    assert len(refreshes) == 3
+    assert all(r["meter/refresh_completion_episodes"] > 0 and r["meter/refresh_completer_tokens"] > 0
+               and r["meter/refresh_unreplayable"] == 0 for r in refreshes)  # fmt: skip
+    outcome = train(small_config(tmp_path / "o", actor_dir, "deltattg_robust", meter_dir, "run.steps=3",
+                                 "meter.refresh_every=1"))  # fmt: skip
+    rollouts = [{k: v for k, v in r.items() if k.startswith("rollout/")} for r in straight[1:]]
+    assert rollouts[-1] and rollouts == [{k: v for k, v in r.items() if k.startswith("rollout/")} for r in outcome[1:]]
+    b = tmp_path / "b"
+    train(small_config(b, actor_dir, "deltattg_robust", meter_dir, "run.steps=2", "run.keep_checkpoints=1", *best))
+    resumed = train(small_config(b, actor_dir, "deltattg_robust", meter_dir, "run.steps=3", "run.keep_checkpoints=1",
+                                 *best), resume="latest")  # fmt: skip
+    assert as_text(resumed) == as_text(straight)
+    with pytest.raises(ValueError, match="refresh_labels must be one of outcome, best-of-k"):
+        small_config(tmp_path / "d", actor_dir, "deltattg", meter_dir, "meter.refresh_labels=planner")
 
 
 @pytest.mark.slow

@@ -359,8 +359,8 @@ def train_regression_meter(
 class OnPolicyRefresh:
     """On-policy refresh of a regression meter (ours, beyond the paper, which freezes the meter): every call trains
     the meter's head for ``epochs`` on the decision states of the actor's own latest rollouts, labelled by their
-    outcomes and token counts (Eq. 1–2: the labels are free), so that the meter follows the states the policy now
-    visits. The backbone stays as it is (its features are read without gradients); each refresh is a short
+    outcomes and token counts (Eq. 1–2: the labels are free) or by labels given (the current actor's best-of-k
+    completions: AgentPRM's loop), so that the meter follows the states the policy now visits. The backbone stays as it is (its features are read without gradients); each refresh is a short
     fine-tune of its own (``train_head_on_features``: AdamW at ``lr``, batches shuffled from ``seed``)."""
 
     def __init__(self, meter: RegressionMeter, *, lr: float = 1e-4, epochs: int = 1, batch_size: int = 32):
@@ -369,10 +369,12 @@ class OnPolicyRefresh:
         self.epochs = epochs
         self.batch_size = batch_size
 
-    def update(self, trajectories: Sequence[Trajectory], seed: int) -> dict[str, float]:
-        """One refresh on ``trajectories`` (records with messages, success and step_tokens); returns the last epoch's
-        loss as ``meter/refresh_loss`` and the states it read as ``meter/refresh_states``."""
-        windows, examples = records_examples(self.meter, trajectories)
+    def update(self, trajectories: Sequence[Trajectory], seed: int,
+               labels: dict[str, Sequence[StateLabel]] | None = None) -> dict[str, float]:
+        """One refresh on ``trajectories`` (records with messages, success and step_tokens), labelled by ``labels``
+        (by trajectory id) where given, else by their outcomes; returns the last epoch's loss as
+        ``meter/refresh_loss`` and the states it read as ``meter/refresh_states``."""
+        windows, examples = records_examples(self.meter, trajectories, labels)
         if not examples:
             return {}
         with torch.no_grad():

@@ -338,6 +338,29 @@ def _make_labels(items: Sequence[Located], step_tokens: Sequence[Sequence[int]],
     return labels, report
 
 
+def labels_of_batch(trajectories: Sequence[Trajectory], settings: LabelSettings, policy: Policy,
+                    count_action: Callable[[str], int], make_env: Callable[[], Any] | None = None,
+                    max_turns: int | None = None) -> tuple[dict[str, list[StateLabel]], CompletionCost]:
+    """Labels of a replayed source (``rollout`` / ``best-of-k``) for trajectories held in memory, by id, and what
+    their completions cost; nothing is written. The on-policy meter refresh labels an RL batch with it, the current
+    actor completing. Each trajectory is replayed in ``make_env``'s environment (else the one its record names); a
+    state that does not replay keeps its outcome label (counted in the cost)."""
+    if settings.source not in REPLAYED_SOURCES:
+        raise ValueError(f"labels of a batch come from completions ({', '.join(REPLAYED_SOURCES)}), not "
+                         f"{settings.source!r}")
+    if len({t.id for t in trajectories}) != len(trajectories):
+        raise ValueError("labels of a batch are kept by trajectory id: the batch repeats an id")
+    if any(t.step_tokens is None for t in trajectories):
+        raise ValueError(f"{next(t.id for t in trajectories if t.step_tokens is None)}: labels count each step's "
+                         "tokens, and this trajectory has no step_tokens")
+    report = LabelReport(trajectories=len(trajectories), cost=CompletionCost())
+    recorded = {t.id: recorded_episode(t, make_env, max_turns) for t in trajectories}
+    labels, _ = _label_batch(trajectories, [t.step_tokens or [] for t in trajectories], settings, recorded, policy,
+                             count_action, None, report)  # fmt: skip (every step_tokens is there: checked above)
+    assert report.cost is not None
+    return {t.id: state_labels for t, state_labels in zip(trajectories, labels)}, report.cost
+
+
 def check_some_replayed(report: LabelReport, first: Located) -> None:
     """Refuse (``InputError`` naming the pool) a run in which not one completed state has replayed so far: the
     records were played in another environment than the one rebuilt (a ``--short`` pool read without ``--short``,

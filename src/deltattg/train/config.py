@@ -118,13 +118,17 @@ class OptimConfig:
     target_kl: float | None = None
 
 
+REFRESH_LABELS = ("outcome", "best-of-k")  # MeterConfig.refresh_labels
+
+
 @dataclass(frozen=True)
 class MeterConfig:
     """The frozen progress meter the DeltaTTG family reads: a saved folder (``meter_config.json`` names its kind), a
     model spec, an endpoint URL, or ``oracle`` (household only: the planner's exact readings, Token-to-Go counted with
     the actor's tokenizer, degraded by ``oracle_noise`` σ on v̂ and ``oracle_flip`` p on b̂; ``meter.oracle``).
     ``refresh_every`` > 0 unfreezes an in-process regression meter's head: every N steps it trains on the batch's own
-    rollouts, labelled by their outcomes (ours, beyond the paper; ``meter.train_regression.OnPolicyRefresh``)."""
+    rollouts, labelled by their outcomes or by the current actor's best-of-k completions (``refresh_labels``; ours,
+    beyond the paper; ``meter.train_regression.OnPolicyRefresh``)."""
 
     path: str | None = None
     oracle_noise: float = 0.0
@@ -135,6 +139,9 @@ class MeterConfig:
     refresh_every: int = 0  # on-policy refresh (ours): train the meter's head on the batch every N steps; 0 = frozen
     refresh_epochs: int = 1  # epochs over the batch's decision states per refresh
     refresh_lr: float = 1e-4  # the head's learning rate in a refresh
+    refresh_labels: str = "outcome"  # what a refresh learns: outcome (Eq. 1–2, free) or best-of-k (the current actor
+    # completes each of the batch's states refresh_completions times: AgentPRM's loop; costs completions)
+    refresh_completions: int = 4  # best-of-k: K
 
     def oracle(self) -> Any:
         """The ``OracleConfig`` of these settings."""
@@ -428,6 +435,9 @@ def validate(config: TrainConfig, *, require_meter: bool = True) -> None:
         raise ValueError(f"algo.method {method} needs a frozen progress meter: set meter.path")
     if config.meter.refresh_every < 0 or config.meter.refresh_epochs < 1 or not config.meter.refresh_lr > 0:
         raise ValueError("meter.refresh_every must be >= 0, meter.refresh_epochs >= 1 and meter.refresh_lr > 0")
+    if config.meter.refresh_labels not in REFRESH_LABELS or config.meter.refresh_completions < 1:
+        raise ValueError(f"meter.refresh_labels must be one of {', '.join(REFRESH_LABELS)} (got "
+                         f"{config.meter.refresh_labels!r}) and meter.refresh_completions >= 1")
     if config.meter.path in PLANNER_METERS:
         config.meter.oracle()  # its dials are in range
         if config.meter.refresh_every:

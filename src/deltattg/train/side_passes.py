@@ -3,8 +3,8 @@
 Some estimators read what only the actor's own forward passes give, and some runs change their meter as they go:
 IGPO / A²TGPO read the reference answer's log-probs after every turn (``deltattg.train.answers``), DelTA the token
 hidden states of θ_old's pass (:class:`HiddenStateWeights`), CrEST a privileged self-teacher's pass
-(``deltattg.train.teacher``); ``meter.refresh_every`` trains the meter's head on the step's own rollouts
-(:class:`MeterRefresh`). Each is a
+(``deltattg.train.teacher``); ``meter.refresh_every`` trains the meter's head on the step's own rollouts, labelled by their outcomes or by the
+current actor's completions (:class:`MeterRefresh`). Each is a
 :class:`SidePass`, built once per run from its :class:`Setup`, and the loop calls every pass at three points of the
 step (:class:`SidePasses`):
 
@@ -29,8 +29,11 @@ from torch import Tensor
 from deltattg.credit import CreditConfig, Estimator
 from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment, Task
+from deltattg.data.labels import LabelSettings
+from deltattg.data.tokens import ActionTokens
 from deltattg.meter.regression import RegressionMeter
 from deltattg.meter.train_regression import OnPolicyRefresh
+from deltattg.rollout.label_sources import labels_of_batch
 from deltattg.rollout.policies import LMPolicy
 from deltattg.train.config import TrainConfig
 from deltattg.train.rows import Row
@@ -48,6 +51,7 @@ class Setup:
     env: Environment
     tasks: Sequence[Task]
     meter: Any = None
+    make_env: Callable[[], Environment] | None = None  # the run's environment constructor (replays, completions)
 
     @property
     def device(self) -> torch.device:
@@ -158,20 +162,48 @@ def estimator_pass(setup: Setup) -> SidePass | None:
 
 
 # ---- the on-policy meter refresh (the run's, not an estimator's) -----------------------------------------------------
+@dataclass(frozen=True)
+class CompletionLabels:
+    """Labels of an RL batch from completions by the current actor (``meter.refresh_labels=best-of-k``): the
+    ``completer`` shares the actor's model, so it completes with the weights of the moment; its samples come from a
+    stream of their own (seeded per refresh), so the training's random streams are as they would be without it."""
+
+    completer: LMPolicy
+    settings: LabelSettings
+    make_env: Callable[[], Environment] | None
+    max_turns: int
+
+    def __call__(self, trajectories: Sequence[Trajectory], seed: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """The labels by trajectory id, and ``meter/refresh_*`` counts of what completing them cost."""
+        device = next(self.completer.model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            labels, cost = labels_of_batch(trajectories, self.settings, self.completer,
+                                           ActionTokens(self.completer.tokenizer), self.make_env, self.max_turns)
+        return labels, {"meter/refresh_completion_episodes": float(cost.episodes),
+                        "meter/refresh_env_steps": float(cost.env_steps),
+                        "meter/refresh_completer_tokens": float(cost.completer_tokens),
+                        "meter/refresh_unreplayable": float(cost.unreplayable)}  # fmt: skip
+
+
 class MeterRefresh(SidePass):
     """Every ``every`` steps, once the step's credit was read, the meter's head trains on the step's rollouts
-    (:class:`~deltattg.meter.train_regression.OnPolicyRefresh`, shuffled from ``seed + step``). Its head is checkpointed
-    as ``meter_head``, so a resumed run reads with the head the run had refreshed."""
+    (:class:`~deltattg.meter.train_regression.OnPolicyRefresh`, shuffled from ``seed + step``), labelled by their
+    outcomes or by ``labels`` (:class:`CompletionLabels`). Its head is checkpointed as ``meter_head``, so a resumed
+    run reads with the head the run had refreshed."""
 
     phase = "meter"
 
-    def __init__(self, refresh: OnPolicyRefresh, every: int, seed: int):
-        self.refresh, self.every, self.seed = refresh, every, seed
+    def __init__(self, refresh: OnPolicyRefresh, every: int, seed: int, labels: CompletionLabels | None = None):
+        self.refresh, self.every, self.seed, self.labels = refresh, every, seed, labels
 
     def after_credit(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if step % self.every:
             return {}
-        return self.refresh.update(trajectories, seed=self.seed + step)
+        if self.labels is None:
+            return self.refresh.update(trajectories, seed=self.seed + step)
+        labels, cost = self.labels(trajectories, self.seed + step)
+        return self.refresh.update(trajectories, seed=self.seed + step, labels=labels) | cost
 
     def state_dict(self) -> dict[str, Any]:
         return {"meter_head": self.refresh.meter.head.state_dict()}
@@ -192,7 +224,15 @@ def meter_refresh(setup: Setup) -> MeterRefresh | None:
         raise ValueError(f"meter.refresh_every trains an in-process regression meter; meter.path {settings.path} is a "
                          f"{type(setup.meter).__name__}")  # fmt: skip
     refresh = OnPolicyRefresh(setup.meter, lr=settings.refresh_lr, epochs=settings.refresh_epochs)
-    return MeterRefresh(refresh, settings.refresh_every, setup.config.run.seed)
+    labels = None
+    if settings.refresh_labels != "outcome":
+        rollout = setup.config.rollout
+        completer = LMPolicy(setup.policy.model, setup.policy.tokenizer, setup.policy.sampling, setup.policy.prompt,
+                             name="completer")  # fmt: skip
+        labels = CompletionLabels(completer, LabelSettings(settings.refresh_labels, "actor", settings.refresh_completions,
+                                                           setup.config.run.seed, max_turns=rollout.max_turns),
+                                  setup.make_env, rollout.max_turns)  # fmt: skip
+    return MeterRefresh(refresh, settings.refresh_every, setup.config.run.seed, labels)
 
 
 # ---- DelTA's token weights (an estimator that reads the token hidden states) -----------------------------------------

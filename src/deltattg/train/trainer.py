@@ -364,7 +364,7 @@ def train_in_locked_folder(
         check_meter_turn_limit(meter, rollout.max_turns, f"meter.path {config.meter.path}", "rollout.max_turns")
     # The estimator's side pass (IGPO / A²TGPO's answer log-probs, DelTA's hidden states, CrEST's self-teacher) and
     # the on-policy meter refresh (meter.refresh_every): deltattg.train.side_passes.
-    side = side_passes(Setup(config, estimator, policy, env, env.tasks(config.env.train_split), meter))
+    side = side_passes(Setup(config, estimator, policy, env, env.tasks(config.env.train_split), meter, make_env))
     optimizer = torch.optim.AdamW(
         [p for p in actor.parameters() if p.requires_grad], lr=config.optim.lr, weight_decay=config.optim.weight_decay
     )
