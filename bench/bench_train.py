@@ -218,6 +218,9 @@ ACCOUNTING_HEADER = ("arm", "episodes before RL (pool + label completions)", "co
                      "episodes during RL", "actor tokens during RL", "runs one meter serves")  # fmt: skip
 
 
+REFRESH_EPISODES, REFRESH_TOKENS = "meter/refresh_completion_episodes", "meter/refresh_completer_tokens"  # during RL
+
+
 def before_rl(costs: dict, arm: Arm) -> tuple[int, int]:
     """The environment episodes and completer tokens ``arm``'s meter consumed before RL, from a seed's ``costs.json``:
     a learned meter reads the pool and its labels' completions; GRPO and the planner-based meters read none."""
@@ -229,8 +232,9 @@ def before_rl(costs: dict, arm: Arm) -> tuple[int, int]:
 
 def accounting_rows(args: argparse.Namespace, arms: Sequence[Arm], records: dict[str, list[list[dict]]]) -> list[list[str]]:
     """Per arm, the mean over seeds of what it consumed before RL (:func:`before_rl`; "-" where a seed's preparation
-    predates ``costs.json``) and during RL (rollout episodes, the actor's response tokens), and how many of the
-    compared arms read one seed's meter."""
+    predates ``costs.json``) and during RL (rollout episodes and the actor's response tokens, with the completions of
+    a meter refreshed from the current actor's: ``meter.refresh_labels=best-of-k``), and how many of the compared
+    arms read one seed's meter."""
     readers = Counter((arm.meter_folder, arm.members) for arm in arms)
     costs = [args.out / f"seed-{seed}" / COSTS_FILE for seed in args.seeds]
     recorded = [json.loads(path.read_text()) for path in costs] if all(path.is_file() for path in costs) else []
@@ -242,8 +246,9 @@ def accounting_rows(args: argparse.Namespace, arms: Sequence[Arm], records: dict
     for arm in arms:
         spent = [before_rl(seed_costs, arm) for seed_costs in recorded]
         runs = records[arm.name]
-        episodes = [sum(r.get("rollout/trajectories", 0) for r in run) for run in runs]
-        tokens = [max((r.get("cumulative_response_tokens", 0) for r in run), default=0) for run in runs]
+        episodes = [sum(r.get("rollout/trajectories", 0) + r.get(REFRESH_EPISODES, 0) for r in run) for run in runs]
+        tokens = [max((r.get("cumulative_response_tokens", 0) for r in run), default=0)
+                  + sum(r.get(REFRESH_TOKENS, 0) for r in run) for run in runs]  # fmt: skip
         rows.append([arm.name, mean_of([e for e, _ in spent]), mean_of([t for _, t in spent]),
                      mean_of(episodes) if any(episodes) else "-", mean_of(tokens) if any(tokens) else "-",
                      "-" if arm.meter_folder is None else str(readers[arm.meter_folder, arm.members])])  # fmt: skip
@@ -418,8 +423,8 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
         "## What each arm consumed",
         "Per arm, the mean over seeds: the environment episodes and completer tokens its meter cost before RL (the "
         "pool every learned meter reads, and its labels' completions; the base actor's demonstrations are shared by "
-        "every arm and not counted), the rollout episodes and actor response tokens of RL itself, and how many of "
-        "these arms read one seed's meter.",
+        "every arm and not counted), the rollout episodes and actor response tokens of RL itself (with the completions "
+        "of a meter refreshed from the current actor's), and how many of these arms read one seed's meter.",
         markdown_table(ACCOUNTING_HEADER, accounting),
         "## Per seed",
         markdown_table(seed_header, seed_rows),
@@ -436,7 +441,7 @@ def report(args: argparse.Namespace, arms: Sequence[Arm], command: str) -> tuple
 
 # ---- archive -------------------------------------------------------------------------------------------------------
 UPDATE_READINGS = ("approx_kl", "grad_norm", "clipfrac", "stopped_early", "rollout/success")  # a collapse's readings
-ACCOUNTED = ("rollout/trajectories", "cumulative_response_tokens")  # what an arm consumed during RL
+ACCOUNTED = ("rollout/trajectories", "cumulative_response_tokens", REFRESH_EPISODES, REFRESH_TOKENS)  # during RL
 
 
 def archived_metrics() -> tuple[str, ...]:

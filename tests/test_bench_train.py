@@ -77,6 +77,22 @@ def test_report_only_tabulates_the_runs(tmp_path, bench_train, capsys):
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in bench_train.json"))  # bounds are ∞)
 
 
+def test_the_accounting_counts_a_refreshed_meters_completions_as_consumed_during_rl(tmp_path, bench_train):
+    """An arm whose meter is refreshed from the current actor's completions consumed their episodes and tokens during
+    RL, beside its rollouts; GRPO consumed its rollouts alone."""
+    import argparse
+
+    from deltattg.regime.stages import Arm
+
+    arms = [Arm.parse("grpo"), Arm.parse("deltattg_robust[meter.refresh_every=1,meter.refresh_labels=best-of-k]")]
+    step = {"rollout/trajectories": 64, "cumulative_response_tokens": 1000}
+    refresh = {"meter/refresh_completion_episodes": 100, "meter/refresh_completer_tokens": 500}
+    records = {arms[0].name: [[step, step | {"cumulative_response_tokens": 2000}]],
+               arms[1].name: [[step | refresh, step | refresh | {"cumulative_response_tokens": 2000}]]}  # fmt: skip
+    rows = bench_train.accounting_rows(argparse.Namespace(out=tmp_path, seeds=[0]), arms, records)
+    assert [row[3:5] for row in rows] == [["128", "2,000"], ["328", "3,000"]]
+
+
 def test_a_one_seed_table_says_why_it_has_no_spread(tmp_path, bench_train):
     """One seed has no standard deviation and no power: the test table says "n/a (1 seed)", never "nan"."""
     write_run(tmp_path / "seed-0" / "grpo", [0.2, 0.3, 0.4], [1.0], test=0.4)
