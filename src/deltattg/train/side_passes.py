@@ -31,6 +31,8 @@ from deltattg.data.trajectory import Trajectory
 from deltattg.envs.base import Environment, Task
 from deltattg.data.labels import LabelSettings
 from deltattg.data.tokens import ActionTokens
+from deltattg.meter.fit import agreement_of
+from deltattg.meter.loading import read_states
 from deltattg.meter.regression import RegressionMeter
 from deltattg.meter.train_regression import OnPolicyRefresh
 from deltattg.rollout.label_sources import labels_of_batch
@@ -189,13 +191,16 @@ class CompletionLabels:
 class MeterRefresh(SidePass):
     """Every ``every`` steps, once the step's credit was read, the meter's head trains on the step's rollouts
     (:class:`~deltattg.meter.train_regression.OnPolicyRefresh`, shuffled from ``seed + step``), labelled by their
-    outcomes or by ``labels`` (:class:`CompletionLabels`). Its head is checkpointed as ``meter_head``, so a resumed
+    outcomes or by ``labels`` (:class:`CompletionLabels`; then how the meter agreed with them before it learnt them
+    is in the record too: a meter's fit on current-policy states, refresh by refresh). Its head is checkpointed as ``meter_head``, so a resumed
     run reads with the head the run had refreshed."""
 
     phase = "meter"
 
-    def __init__(self, refresh: OnPolicyRefresh, every: int, seed: int, labels: CompletionLabels | None = None):
+    def __init__(self, refresh: OnPolicyRefresh, every: int, seed: int, labels: CompletionLabels | None = None,
+                 failure_cost: float | None = None):
         self.refresh, self.every, self.seed, self.labels = refresh, every, seed, labels
+        self.failure_cost = failure_cost
 
     def after_credit(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if step % self.every:
@@ -203,7 +208,18 @@ class MeterRefresh(SidePass):
         if self.labels is None:
             return self.refresh.update(trajectories, seed=self.seed + step)
         labels, cost = self.labels(trajectories, self.seed + step)
-        return self.refresh.update(trajectories, seed=self.seed + step, labels=labels) | cost
+        before = self.agreement(trajectories, labels)
+        return before | self.refresh.update(trajectories, seed=self.seed + step, labels=labels) | cost
+
+    def agreement(self, trajectories: Sequence[Trajectory], labels: dict[str, Any]) -> dict[str, float]:
+        """How the meter, before it learns them, agrees with the batch's labels on the states the policy now visits
+        (``meter/refresh_before_*``: b̂'s balanced accuracy, v̂'s and Δ's Spearman, Δ's sign; ``meter.fit``)."""
+        read = read_states(self.refresh.meter, trajectories)[0]
+        agreement = agreement_of(trajectories, read, [labels[t.id] for t in trajectories], self.failure_cost)
+        return {"meter/refresh_before_b_balanced_accuracy": agreement.b_balanced_accuracy,
+                "meter/refresh_before_ttg_spearman": agreement.ttg_spearman,
+                "meter/refresh_before_delta_spearman": agreement.delta_spearman,
+                "meter/refresh_before_delta_sign_agreement": agreement.delta_sign_agreement}  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {"meter_head": self.refresh.meter.head.state_dict()}
@@ -232,7 +248,7 @@ def meter_refresh(setup: Setup) -> MeterRefresh | None:
         labels = CompletionLabels(completer, LabelSettings(settings.refresh_labels, "actor", settings.refresh_completions,
                                                            setup.config.run.seed, max_turns=rollout.max_turns),
                                   setup.make_env, rollout.max_turns)  # fmt: skip
-    return MeterRefresh(refresh, settings.refresh_every, setup.config.run.seed, labels)
+    return MeterRefresh(refresh, settings.refresh_every, setup.config.run.seed, labels, setup.config.credit.failure_cost)
 
 
 # ---- DelTA's token weights (an estimator that reads the token hidden states) -----------------------------------------
