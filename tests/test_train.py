@@ -408,8 +408,8 @@ def as_text(records: list[dict]) -> list[str]:
 
 def test_a_best_of_k_refresh_completes_the_batch_with_the_current_actor(tmp_path, actor_dir, meter_dir):
     """``meter.refresh_labels=best-of-k``: every refresh replays the batch's states in the run's environment and the
-    current actor completes each K times, the cost (and the meter's agreement with the labels before it learns them)
-    in the step's record; the completions draw from a stream of their
+    current actor completes each K times, the cost (and the meter's agreement with the labels before it learns them,
+    and the meter's as loaded: the same at the first refresh) in the step's record; the completions draw from a stream of their
     own, so the next steps' rollouts are those of a run whose refresh reads outcomes, and a resumed run equals the
     straight one (EASY tasks cannot be won: the labels are the outcomes' here and robust DeltaTTG's trust AUC is
     NaN; the test above checks that labels given are learnt)."""
@@ -420,6 +420,8 @@ def test_a_best_of_k_refresh_completes_the_batch_with_the_current_actor(tmp_path
     assert all(r["meter/refresh_completion_episodes"] > 0 and r["meter/refresh_completer_tokens"] > 0
                and r["meter/refresh_unreplayable"] == 0 for r in refreshes)  # fmt: skip
     assert all(0 <= r["meter/refresh_before_delta_sign_agreement"] <= 1 for r in refreshes)  # read before it learns
+    first = {k.replace("frozen", "before"): v for k, v in refreshes[0].items() if k.startswith("meter/refresh_frozen_")}
+    assert len(first) == 4 and json.dumps(first) == json.dumps({k: refreshes[0][k] for k in first})  # nothing learnt yet
     outcome = train(small_config(tmp_path / "o", actor_dir, "deltattg_robust", meter_dir, "run.steps=3",
                                  "meter.refresh_every=1"))  # fmt: skip
     rollouts = [{k: v for k, v in r.items() if k.startswith("rollout/")} for r in straight[1:]]

@@ -19,7 +19,8 @@ config. A pass's state (``state_dict``) goes into every checkpoint and comes bac
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -191,8 +192,9 @@ class CompletionLabels:
 class MeterRefresh(SidePass):
     """Every ``every`` steps, once the step's credit was read, the meter's head trains on the step's rollouts
     (:class:`~deltattg.meter.train_regression.OnPolicyRefresh`, shuffled from ``seed + step``), labelled by their
-    outcomes or by ``labels`` (:class:`CompletionLabels`; then how the meter agreed with them before it learnt them
-    is in the record too: a meter's fit on current-policy states, refresh by refresh). Its head is checkpointed as ``meter_head``, so a resumed
+    outcomes or by ``labels`` (:class:`CompletionLabels`; then the record also says how the meter agreed with them
+    before it learnt them, ``meter/refresh_before_*``, and how the meter as loaded agrees with them,
+    ``meter/refresh_frozen_*``: the refreshed and the frozen meter's fit on the same current-policy states). Its head is checkpointed as ``meter_head``, so a resumed
     run reads with the head the run had refreshed."""
 
     phase = "meter"
@@ -201,6 +203,7 @@ class MeterRefresh(SidePass):
                  failure_cost: float | None = None):
         self.refresh, self.every, self.seed, self.labels = refresh, every, seed, labels
         self.failure_cost = failure_cost
+        self.frozen_head = {k: v.detach().clone() for k, v in refresh.meter.head.state_dict().items()}  # as loaded
 
     def after_credit(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if step % self.every:
@@ -208,18 +211,32 @@ class MeterRefresh(SidePass):
         if self.labels is None:
             return self.refresh.update(trajectories, seed=self.seed + step)
         labels, cost = self.labels(trajectories, self.seed + step)
-        before = self.agreement(trajectories, labels)
-        return before | self.refresh.update(trajectories, seed=self.seed + step, labels=labels) | cost
+        before = self.agreement(trajectories, labels, "meter/refresh_before_")
+        with self.head_as_loaded():
+            frozen = self.agreement(trajectories, labels, "meter/refresh_frozen_")
+        return before | frozen | self.refresh.update(trajectories, seed=self.seed + step, labels=labels) | cost
 
-    def agreement(self, trajectories: Sequence[Trajectory], labels: dict[str, Any]) -> dict[str, float]:
-        """How the meter, before it learns them, agrees with the batch's labels on the states the policy now visits
-        (``meter/refresh_before_*``: b̂'s balanced accuracy, v̂'s and Δ's Spearman, Δ's sign; ``meter.fit``)."""
+    def agreement(self, trajectories: Sequence[Trajectory], labels: dict[str, Any], prefix: str) -> dict[str, float]:
+        """How the meter agrees with the batch's labels on the states the policy now visits: b̂'s balanced accuracy,
+        v̂'s and Δ's Spearman, Δ's sign (``meter.fit``), each named ``prefix`` + its key."""
         read = read_states(self.refresh.meter, trajectories)[0]
         agreement = agreement_of(trajectories, read, [labels[t.id] for t in trajectories], self.failure_cost)
-        return {"meter/refresh_before_b_balanced_accuracy": agreement.b_balanced_accuracy,
-                "meter/refresh_before_ttg_spearman": agreement.ttg_spearman,
-                "meter/refresh_before_delta_spearman": agreement.delta_spearman,
-                "meter/refresh_before_delta_sign_agreement": agreement.delta_sign_agreement}  # fmt: skip
+        keys = ("b_balanced_accuracy", "ttg_spearman", "delta_spearman", "delta_sign_agreement")
+        return {prefix + key: getattr(agreement, key) for key in keys}
+
+    @contextmanager
+    def head_as_loaded(self) -> Iterator[None]:
+        """The meter reads with the head it was loaded with (the frozen meter's, for a paired comparison on the same
+        batch), then with the refreshed one again."""
+        meter = self.refresh.meter
+        refreshed = {k: v.detach().clone() for k, v in meter.head.state_dict().items()}
+        meter.head.load_state_dict(self.frozen_head)
+        meter.weights_changed()
+        try:
+            yield
+        finally:
+            meter.head.load_state_dict(refreshed)
+            meter.weights_changed()
 
     def state_dict(self) -> dict[str, Any]:
         return {"meter_head": self.refresh.meter.head.state_dict()}
