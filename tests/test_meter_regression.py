@@ -313,3 +313,49 @@ def test_training_with_the_step_change_loss_fits_the_changes(tmp_path):
         errors += [abs((read[t] - read[t + 1]) - (truth[t] - truth[t + 1])) for t in range(len(truth) - 1)]
         constant += [abs(truth[t] - truth[t + 1]) for t in range(len(truth) - 1)]
     assert sum(errors) < 0.5 * sum(constant), (sum(errors), sum(constant))
+
+
+def test_consecutive_pairs_name_by_example_the_pairs_step_pairs_name_by_read():
+    from deltattg.meter.train_regression import _row_of, consecutive_pairs, step_pairs
+
+    meter = tiny_meter()
+    windows, examples = synthetic_examples(meter)
+    first, second = consecutive_pairs(windows, examples)
+    rows = _row_of(windows, examples)
+    by_read = set(zip(*(t.tolist() for t in step_pairs(windows))))
+    assert len(first) == len(by_read) > 0
+    assert {(rows[a], rows[b]) for a, b in zip(first.tolist(), second.tolist())} == by_read
+
+
+def test_a_head_refresh_with_the_step_change_loss_learns_the_changes():
+    """``train_head_on_features`` with consecutive ``pairs`` and ``delta_weight`` (the on-policy refresh's step-change
+    loss, ``meter.refresh_delta_weight``): with no level loss on v (``regression_weight`` 0) only the Δ term trains
+    v̂, and its changes from state to state follow the labels' far better than after the same training without it."""
+    from deltattg.meter.train_regression import _row_of, consecutive_pairs, train_head_on_features
+
+    def change_error(with_pairs: bool) -> float:
+        meter = tiny_meter()
+        windows, examples = synthetic_examples(meter)
+        with torch.no_grad():
+            features = meter.boundary_features(windows)
+        config = RegressionTrainConfig(output_dir="", head_epochs=15, batch_size=8, lr_head_frozen=1e-2, seed=0,
+                                       progress=False, delta_weight=1.0, regression_weight=0.0)  # fmt: skip
+        pairs = consecutive_pairs(windows, examples) if with_pairs else None
+        train_head_on_features(meter, features, examples, _row_of(windows, examples), config, pairs=pairs)
+        train = synthetic_set(40, seed=0)
+        errors = []
+        for (messages, tokens), readings in zip(train, meter.eval().score_trajectories([m for m, _ in train])):
+            truth, read = remaining_sums(tokens), [r.tokens_to_go for r in readings]
+            errors += [abs((read[t] - read[t + 1]) - (truth[t] - truth[t + 1])) for t in range(len(truth) - 1)]
+        return sum(errors) / len(errors)
+
+    without, with_steps = change_error(False), change_error(True)
+    assert with_steps < 0.5 * without, (with_steps, without)
+    from dataclasses import replace
+
+    from deltattg.meter.train_regression import OnPolicyRefresh
+
+    score = tiny_meter()
+    score.config = replace(score.config, target="score")
+    with pytest.raises(ValueError, match="trains Token-to-Go"):
+        OnPolicyRefresh(score, delta_weight=1.0)

@@ -433,6 +433,8 @@ def test_a_best_of_k_refresh_completes_the_batch_with_the_current_actor(tmp_path
     assert as_text(resumed) == as_text(straight)
     with pytest.raises(ValueError, match="refresh_labels must be one of outcome, best-of-k"):
         small_config(tmp_path / "d", actor_dir, "deltattg", meter_dir, "meter.refresh_labels=planner")
+    with pytest.raises(ValueError, match="refresh_delta_weight must be >= 0"):
+        small_config(tmp_path / "d", actor_dir, "deltattg", meter_dir, "meter.refresh_delta_weight=-1")
 
 
 @pytest.mark.slow

@@ -134,15 +134,31 @@ def _row_of(windows: Sequence[Window], examples: Sequence[Example]) -> list[int]
     return [offsets[e.window] + e.read for e in examples]
 
 
+def consecutive_pairs(windows: Sequence[Window], examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (first, second) into ``examples`` of every two consecutive decision states t and t+1 read in the same
+    window (:func:`step_pairs`' pairs, by example)."""
+    at = {(e.window, e.read): k for k, e in enumerate(examples)}
+    first, second = [], []
+    for (w, r), k in at.items():
+        following = at.get((w, r + 1))
+        if following is not None and windows[w].steps[r + 1] == windows[w].steps[r] + 1:
+            first.append(k)
+            second.append(following)
+    return torch.tensor(first, dtype=torch.long), torch.tensor(second, dtype=torch.long)
+
+
 def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examples: Sequence[Example], rows: Sequence[int],
-                           config: RegressionTrainConfig, head: torch.nn.Module | None = None) -> list[float]:
+                           config: RegressionTrainConfig, head: torch.nn.Module | None = None,
+                           pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[float]:
     """Train only ``head`` (default: the meter's head) on cached features, batches shuffled by ``config.seed``;
-    returns the loss of each epoch."""
+    returns the loss of each epoch. With ``config.delta_weight`` and consecutive ``pairs`` of examples
+    (:func:`consecutive_pairs`), each batch adds the step-change loss over as many pairs drawn at random."""
     head = meter.head if head is None else head
     target = meter.config.target
     can, value, known = _targets(examples, target)
     x = features[list(rows)]
     generator = torch.Generator().manual_seed(config.seed)
+    with_steps = bool(config.delta_weight) and pairs is not None and len(pairs[0]) > 0
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
     total = config.head_epochs * math.ceil(len(examples) / config.batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine_warmup(s, total, int(config.warmup_ratio * total)))
@@ -154,6 +170,13 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
         for start in range(0, len(order), config.batch_size):
             batch = order[start : start + config.batch_size]
             loss = meter_loss(target, head(x[batch]), can[batch], value[batch], config.regression_weight, known[batch])
+            if with_steps:
+                assert pairs is not None
+                drawn = torch.randint(len(pairs[0]), (len(batch),), generator=generator)
+                both = torch.cat([pairs[0][drawn], pairs[1][drawn]])
+                ends = torch.arange(len(batch))
+                loss = loss + config.delta_weight * step_change_loss(head(x[both])[:, 1], value[both], known[both], ends,
+                                                                     ends + len(batch))  # fmt: skip
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -363,11 +386,15 @@ class OnPolicyRefresh:
     completions: AgentPRM's loop), so that the meter follows the states the policy now visits. The backbone stays as it is (its features are read without gradients); each refresh is a short
     fine-tune of its own (``train_head_on_features``: AdamW at ``lr``, batches shuffled from ``seed``)."""
 
-    def __init__(self, meter: RegressionMeter, *, lr: float = 1e-4, epochs: int = 1, batch_size: int = 32):
+    def __init__(self, meter: RegressionMeter, *, lr: float = 1e-4, epochs: int = 1, batch_size: int = 32,
+                 delta_weight: float = 0.0):
         self.meter = meter
         self.lr = lr
         self.epochs = epochs
         self.batch_size = batch_size
+        self.delta_weight = delta_weight  # the step-change loss's weight, as the meter's own training has it
+        if delta_weight and meter.config.target != "ttg":
+            raise ValueError(f"the step-change loss trains Token-to-Go; this meter predicts {meter.config.target!r}")
 
     def update(self, trajectories: Sequence[Trajectory], seed: int,
                labels: dict[str, Sequence[StateLabel]] | None = None) -> dict[str, float]:
@@ -380,7 +407,9 @@ class OnPolicyRefresh:
         with torch.no_grad():
             features = self.meter.boundary_features(windows)
         config = RegressionTrainConfig(output_dir="", head_epochs=self.epochs, batch_size=self.batch_size,
-                                       lr_head_frozen=self.lr, seed=seed, progress=False)  # fmt: skip
-        losses = train_head_on_features(self.meter, features, examples, _row_of(windows, examples), config)
+                                       lr_head_frozen=self.lr, seed=seed, progress=False,
+                                       delta_weight=self.delta_weight)  # fmt: skip
+        losses = train_head_on_features(self.meter, features, examples, _row_of(windows, examples), config,
+                                        pairs=consecutive_pairs(windows, examples))  # fmt: skip
         self.meter.weights_changed()
         return {"meter/refresh_loss": losses[-1], "meter/refresh_states": float(len(examples))}

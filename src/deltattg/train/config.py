@@ -142,6 +142,7 @@ class MeterConfig:
     refresh_labels: str = "outcome"  # what a refresh learns: outcome (Eq. 1–2, free) or best-of-k (the current actor
     # completes each of the batch's states refresh_completions times: AgentPRM's loop; costs completions)
     refresh_completions: int = 4  # best-of-k: K
+    refresh_delta_weight: float = 0.0  # the refresh's step-change loss weight (the regime's meter trains with 3)
 
     def oracle(self) -> Any:
         """The ``OracleConfig`` of these settings."""
@@ -435,6 +436,8 @@ def validate(config: TrainConfig, *, require_meter: bool = True) -> None:
         raise ValueError(f"algo.method {method} needs a frozen progress meter: set meter.path")
     if config.meter.refresh_every < 0 or config.meter.refresh_epochs < 1 or not config.meter.refresh_lr > 0:
         raise ValueError("meter.refresh_every must be >= 0, meter.refresh_epochs >= 1 and meter.refresh_lr > 0")
+    if not config.meter.refresh_delta_weight >= 0:
+        raise ValueError(f"meter.refresh_delta_weight must be >= 0, got {config.meter.refresh_delta_weight}")
     if config.meter.refresh_labels not in REFRESH_LABELS or config.meter.refresh_completions < 1:
         raise ValueError(f"meter.refresh_labels must be one of {', '.join(REFRESH_LABELS)} (got "
                          f"{config.meter.refresh_labels!r}) and meter.refresh_completions >= 1")

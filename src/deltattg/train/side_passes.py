@@ -256,7 +256,8 @@ def meter_refresh(setup: Setup) -> MeterRefresh | None:
     if not isinstance(setup.meter, RegressionMeter):
         raise ValueError(f"meter.refresh_every trains an in-process regression meter; meter.path {settings.path} is a "
                          f"{type(setup.meter).__name__}")  # fmt: skip
-    refresh = OnPolicyRefresh(setup.meter, lr=settings.refresh_lr, epochs=settings.refresh_epochs)
+    refresh = OnPolicyRefresh(setup.meter, lr=settings.refresh_lr, epochs=settings.refresh_epochs,
+                              delta_weight=settings.refresh_delta_weight)
     labels = None
     if settings.refresh_labels != "outcome":
         rollout = setup.config.rollout
