@@ -111,6 +111,7 @@ from deltattg.report import markdown_table, percent, spread, three_decimals
 from deltattg.settings import setting_default, setting_help
 from deltattg.summaries import finite, machine_text
 from deltattg.train import read_metrics, resolve, train
+from deltattg.train.side_passes import REFRESH_EPISODES, REFRESH_TOKENS
 
 RUN_LENGTH = ("steps", "eval_every", "eval_tasks")  # RegimeConfig fields the command line sets directly
 DEFAULT_ARMS = ("grpo", RECOMMENDED_ARM, "deltattg@oracle", "deltattg@belief")  # the paired comparison of the docs
@@ -216,9 +217,6 @@ TRAINING_READINGS = (  # (column, metric, which steps, format): what each arm's 
 
 ACCOUNTING_HEADER = ("arm", "episodes before RL (pool + label completions)", "completer tokens before RL",
                      "episodes during RL", "actor tokens during RL", "runs one meter serves")  # fmt: skip
-
-
-REFRESH_EPISODES, REFRESH_TOKENS = "meter/refresh_completion_episodes", "meter/refresh_completer_tokens"  # during RL
 
 
 def before_rl(costs: dict, arm: Arm) -> tuple[int, int]:

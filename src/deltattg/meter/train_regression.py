@@ -175,8 +175,8 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
                 drawn = torch.randint(len(pairs[0]), (len(batch),), generator=generator)
                 both = torch.cat([pairs[0][drawn], pairs[1][drawn]])
                 ends = torch.arange(len(batch))
-                loss = loss + config.delta_weight * step_change_loss(head(x[both])[:, 1], value[both], known[both], ends,
-                                                                     ends + len(batch))  # fmt: skip
+                steps = step_change_loss(head(x[both])[:, 1], value[both], known[both], ends, ends + len(batch))
+                loss = loss + config.delta_weight * steps
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -383,8 +383,10 @@ class OnPolicyRefresh:
     """On-policy refresh of a regression meter (ours, beyond the paper, which freezes the meter): every call trains
     the meter's head for ``epochs`` on the decision states of the actor's own latest rollouts, labelled by their
     outcomes and token counts (Eq. 1–2: the labels are free) or by labels given (the current actor's best-of-k
-    completions: AgentPRM's loop), so that the meter follows the states the policy now visits. The backbone stays as it is (its features are read without gradients); each refresh is a short
-    fine-tune of its own (``train_head_on_features``: AdamW at ``lr``, batches shuffled from ``seed``)."""
+    completions: AgentPRM's loop), so that the meter follows the states the policy now visits. The backbone stays as
+    it is (its features are read without gradients); each refresh is a short fine-tune of its own
+    (``train_head_on_features``: AdamW at ``lr``, batches shuffled from ``seed``, the step-change loss at
+    ``delta_weight``)."""
 
     def __init__(self, meter: RegressionMeter, *, lr: float = 1e-4, epochs: int = 1, batch_size: int = 32,
                  delta_weight: float = 0.0):

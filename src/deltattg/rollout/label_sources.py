@@ -356,7 +356,7 @@ def labels_of_batch(trajectories: Sequence[Trajectory], settings: LabelSettings,
     report = LabelReport(trajectories=len(trajectories), cost=CompletionCost())
     recorded = {t.id: recorded_episode(t, make_env, max_turns) for t in trajectories}
     labels, _ = _label_batch(trajectories, [t.step_tokens or [] for t in trajectories], settings, recorded, policy,
-                             count_action, None, report)  # fmt: skip (every step_tokens is there: checked above)
+                             count_action, None, report)  # fmt: skip
     assert report.cost is not None
     return {t.id: state_labels for t, state_labels in zip(trajectories, labels)}, report.cost
 

@@ -3,10 +3,9 @@
 Some estimators read what only the actor's own forward passes give, and some runs change their meter as they go:
 IGPO / A²TGPO read the reference answer's log-probs after every turn (``deltattg.train.answers``), DelTA the token
 hidden states of θ_old's pass (:class:`HiddenStateWeights`), CrEST a privileged self-teacher's pass
-(``deltattg.train.teacher``); ``meter.refresh_every`` trains the meter's head on the step's own rollouts, labelled by their outcomes or by the
-current actor's completions (:class:`MeterRefresh`). Each is a
-:class:`SidePass`, built once per run from its :class:`Setup`, and the loop calls every pass at three points of the
-step (:class:`SidePasses`):
+(``deltattg.train.teacher``); ``meter.refresh_every`` trains the meter's head on the step's own rollouts, labelled
+by their outcomes or by the current actor's completions (:class:`MeterRefresh`). Each is a :class:`SidePass`, built
+once per run from its :class:`Setup`, and the loop calls every pass at three points of the step (:class:`SidePasses`):
 
     rollouts -> before_credit(trajectories)  -> A_i, meter, credit -> after_credit(step, trajectories)
              -> θ_old's log-probs -> token_advantages(UpdateBatch) -> π_ref's log-probs, the update
@@ -28,10 +27,10 @@ import torch
 from torch import Tensor
 
 from deltattg.credit import CreditConfig, Estimator
-from deltattg.data.trajectory import Trajectory
-from deltattg.envs.base import Environment, Task
 from deltattg.data.labels import LabelSettings
 from deltattg.data.tokens import ActionTokens
+from deltattg.data.trajectory import Trajectory
+from deltattg.envs.base import Environment, Task
 from deltattg.meter.fit import agreement_of
 from deltattg.meter.loading import read_states
 from deltattg.meter.regression import RegressionMeter
@@ -165,6 +164,10 @@ def estimator_pass(setup: Setup) -> SidePass | None:
 
 
 # ---- the on-policy meter refresh (the run's, not an estimator's) -----------------------------------------------------
+REFRESH_EPISODES = "meter/refresh_completion_episodes"  # what a best-of-k refresh's completions cost, per step
+REFRESH_TOKENS = "meter/refresh_completer_tokens"
+
+
 @dataclass(frozen=True)
 class CompletionLabels:
     """Labels of an RL batch from completions by the current actor (``meter.refresh_labels=best-of-k``): the
@@ -175,17 +178,17 @@ class CompletionLabels:
     settings: LabelSettings
     make_env: Callable[[], Environment] | None
     max_turns: int
+    count_action: ActionTokens  # the completions' actions in the actor's tokens, memoised over the run
 
     def __call__(self, trajectories: Sequence[Trajectory], seed: int) -> tuple[dict[str, Any], dict[str, float]]:
         """The labels by trajectory id, and ``meter/refresh_*`` counts of what completing them cost."""
         device = next(self.completer.model.parameters()).device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            labels, cost = labels_of_batch(trajectories, self.settings, self.completer,
-                                           ActionTokens(self.completer.tokenizer), self.make_env, self.max_turns)
-        return labels, {"meter/refresh_completion_episodes": float(cost.episodes),
-                        "meter/refresh_env_steps": float(cost.env_steps),
-                        "meter/refresh_completer_tokens": float(cost.completer_tokens),
+            labels, cost = labels_of_batch(trajectories, self.settings, self.completer, self.count_action,
+                                           self.make_env, self.max_turns)  # fmt: skip
+        return labels, {REFRESH_EPISODES: float(cost.episodes), "meter/refresh_env_steps": float(cost.env_steps),
+                        REFRESH_TOKENS: float(cost.completer_tokens),
                         "meter/refresh_unreplayable": float(cost.unreplayable)}  # fmt: skip
 
 
@@ -194,8 +197,8 @@ class MeterRefresh(SidePass):
     (:class:`~deltattg.meter.train_regression.OnPolicyRefresh`, shuffled from ``seed + step``), labelled by their
     outcomes or by ``labels`` (:class:`CompletionLabels`; then the record also says how the meter agreed with them
     before it learnt them, ``meter/refresh_before_*``, and how the meter as loaded agrees with them,
-    ``meter/refresh_frozen_*``: the refreshed and the frozen meter's fit on the same current-policy states). Its head is checkpointed as ``meter_head``, so a resumed
-    run reads with the head the run had refreshed."""
+    ``meter/refresh_frozen_*``: the refreshed and the frozen meter's fit on the same current-policy states). Its head
+    is checkpointed as ``meter_head``, so a resumed run reads with the head the run had refreshed."""
 
     phase = "meter"
 
@@ -263,10 +266,12 @@ def meter_refresh(setup: Setup) -> MeterRefresh | None:
         rollout = setup.config.rollout
         completer = LMPolicy(setup.policy.model, setup.policy.tokenizer, setup.policy.sampling, setup.policy.prompt,
                              name="completer")  # fmt: skip
-        labels = CompletionLabels(completer, LabelSettings(settings.refresh_labels, "actor", settings.refresh_completions,
-                                                           setup.config.run.seed, max_turns=rollout.max_turns),
-                                  setup.make_env, rollout.max_turns)  # fmt: skip
-    return MeterRefresh(refresh, settings.refresh_every, setup.config.run.seed, labels, setup.config.credit.failure_cost)
+        source = LabelSettings(settings.refresh_labels, "actor", settings.refresh_completions, setup.config.run.seed,
+                               max_turns=rollout.max_turns)  # fmt: skip
+        count_action = ActionTokens(completer.tokenizer)
+        labels = CompletionLabels(completer, source, setup.make_env, rollout.max_turns, count_action)
+    seed, failure_cost = setup.config.run.seed, setup.config.credit.failure_cost
+    return MeterRefresh(refresh, settings.refresh_every, seed, labels, failure_cost)
 
 
 # ---- DelTA's token weights (an estimator that reads the token hidden states) -----------------------------------------
