@@ -85,7 +85,6 @@ from deltattg.regime.seeds import (
     COSTS_FILE,
     SETTINGS_FILE,
     STAMP,
-    shared_settings_hash,
     Meters,
     finished,
     meter_folder,
@@ -93,7 +92,9 @@ from deltattg.regime.seeds import (
     prepare_seed,
     read_stamp,
     refuse_stale,
+    ran_shared_settings,
     run_arm,
+    settings_moved,
     stale_work,
 )
 from deltattg.regime.stages import (
@@ -292,7 +293,7 @@ def check_stamps(args: argparse.Namespace, arms: Sequence[Arm]) -> list[str]:
             by_code.setdefault(key, []).append(f"seed {seed} {arm.name}")
             for name in PAIRED_ALIKE:
                 alike[name].setdefault(str(stamp.get(name)), []).append(f"seed {seed} {arm.name}")
-            if stamp.get("shared_config_sha256") != shared_settings_hash(folder):
+            if not ran_shared_settings(stamp, folder):
                 problems.append(f"{folder / arm.folder}: ran other shared settings than {folder / 'train.yaml'}"
                                 if stamp else f"{folder / arm.folder}: no {STAMP} (a run killed before its end, or one from before runs were stamped)")
             elif stamp.get("code") is None:
@@ -450,8 +451,16 @@ def archived_metrics() -> tuple[str, ...]:
             *UPDATE_READINGS, *ACCOUNTED)  # fmt: skip
 
 
+def named_here(path: Path) -> str:
+    """``path`` relative to the working directory where it lies under it (what a committed archive should say: no
+    machine's folders), else absolute."""
+    here, there = Path.cwd().resolve(), path.resolve()
+    return str(there.relative_to(here)) if there.is_relative_to(here) else str(there)
+
+
 def archive_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[Path]:
-    """Copy what the report reads of each (seed, arm) run under ``--out`` to ``--archive``: the seed's ``train.yaml``,
+    """Copy what the report reads of each (seed, arm) run under ``--out`` to ``--archive``: the seed's ``train.yaml``
+    (the seed folder's path in it written as the archived folder's, so its settings hash as the runs' stamps say),
     each arm's stamp and its metrics reduced to :func:`archived_metrics` (no actors, pools or checkpoints: a few KB
     per run, small enough to commit beside the summary). ``--report-only --out ARCHIVE`` redraws the same tables, and
     seeds run under different ``--out`` folders (other days, other machines of the same kind) gather in one archive,
@@ -469,7 +478,7 @@ def archive_runs(args: argparse.Namespace, arms: Sequence[Arm]) -> list[Path]:
     written, keys = [], archived_metrics()
     for seed in args.seeds:
         source, target = args.out / f"seed-{seed}", args.archive / f"seed-{seed}"
-        files = {target / "train.yaml": (source / "train.yaml").read_text()}
+        files = {target / "train.yaml": settings_moved((source / "train.yaml").read_text(), source, named_here(target))}
         if (source / COSTS_FILE).is_file():
             files[target / COSTS_FILE] = (source / COSTS_FILE).read_text()
         for arm in arms:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 import subprocess
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import bench_script
+
+from deltattg.regime.seeds import shared_settings_hash
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,7 @@ def write_run(folder: Path, curve: list[float], step_seconds: list[float], code:
               test: float | None = None) -> None:
     """A run's metrics: evaluations at steps 0, 10, 20 (and the test split's at the last, where given) and one record
     per training step with its time; stamped as made by code revision ``code`` with its seed folder's shared
-    settings."""
+    settings (which name the seed folder, as the regime's do: its actor)."""
     folder.mkdir(parents=True)
     records = [{"step": 10 * k, "eval/greedy_success": value} for k, value in enumerate(curve)]
     if test is not None:
@@ -34,9 +35,9 @@ def write_run(folder: Path, curve: list[float], step_seconds: list[float], code:
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["step"])))
     settings = folder.parent / "train.yaml"
     if not settings.exists():
-        settings.write_text("run: {seed: 0}\n")
+        settings.write_text(f"actor: {{model: {folder.parent / 'actor'}}}\nrun: {{seed: 0}}\n")
     stamp = {"code": code, "prepared_by": code, "arm": folder.name, "prepared_with": f"{folder.parent.name} settings",
-             "shared_config_sha256": hashlib.sha256(settings.read_bytes()).hexdigest()}  # a preparation per seed
+             "shared_config_sha256": shared_settings_hash(folder.parent)}  # a preparation per seed
     (folder / "bench.json").write_text(json.dumps(stamp))
 
 
@@ -359,6 +360,8 @@ def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(
         bench_train.main(["--arms", "gigpo", "--seeds", str(seed), "--steps", "20", "--out", str(out),
                           "--report-only", "--archive", str(archive)])
     assert "archived 5 files" in capsys.readouterr().err
+    actor = (archive / "seed-0").resolve() / "actor"  # the archived folder's path, not the run's
+    assert (archive / "seed-0" / "train.yaml").read_text() == f"actor: {{model: {actor}}}\nrun: {{seed: 0}}\n"
     archived = (archive / "seed-0" / "grpo" / "metrics.jsonl").read_text()
     assert "loss" not in archived and archived.count('"approx_kl": 0.18') == 2  # kept on both training steps
     args = ["--arms", "gigpo", "--seeds", "0", "1", "--steps", "20", "--report-only", "--summary"]
@@ -368,6 +371,7 @@ def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(
     bench_train.main([*args, str(tmp_path / "from-runs.json"), "--out", str(tmp_path / "gathered")])
     tables = [json.loads((tmp_path / f"{name}.json").read_text())["tables"] for name in ("from-archive", "from-runs")]
     assert tables[0] == tables[1] and tables[0]["test"]["rows"][1][2].startswith("+10.0")
+    assert "mixed" not in (archive / "bench_train.md").read_text()  # the archived settings hash as the runs' stamps
     before = {p: p.read_bytes() for p in archive.rglob("*") if p.is_file()}
     for name in ("grpo", "gigpo"):  # seed 1 run again by another revision
         stamp = second / "seed-1" / name / "bench.json"

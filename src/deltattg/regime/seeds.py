@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -132,13 +133,28 @@ def settings_text(config: RegimeConfig, folder: Path, layout: str) -> str:
     return yaml.safe_dump(trainer_settings(config, str(folder / "actor"), layout), sort_keys=False)
 
 
+def settings_moved(text: str, folder: Path, target: str) -> str:
+    """A seed's ``train.yaml`` text with the path of its seed folder (any path whose last part is ``folder``'s name,
+    as the regime writes it, absolute or relative) written as ``target``."""
+    return re.sub(r"(?:[^\s'\"]*/)?" + re.escape(folder.name) + r"(?=/)", lambda _: target, text)
+
+
 def shared_settings_hash(folder: Path, text: str | None = None) -> str:
     """SHA-256 of the settings every arm of the seed in ``folder`` shares (its ``train.yaml``, or ``text``), the
-    folder's own path written as ``SEED``: a seed folder moved or copied elsewhere holds the same settings."""
+    seed folder's path written as ``SEED``: a seed folder moved or copied elsewhere holds the same settings."""
     from deltattg.train.checkpoint import config_hash
 
     text = (folder / SETTINGS_FILE).read_text() if text is None else text
-    return config_hash(text.replace(str(folder), "SEED"))
+    return config_hash(settings_moved(text, folder, "SEED"))
+
+
+def ran_shared_settings(stamp: dict, folder: Path) -> bool:
+    """Whether the run stamped ``stamp`` ran the shared settings of the seed in ``folder`` (stamps of runs from before
+    the seed folder's path was written as ``SEED`` hash the text as it was)."""
+    from deltattg.train.checkpoint import config_hash
+
+    as_written = config_hash((folder / SETTINGS_FILE).read_text())
+    return stamp.get("shared_config_sha256") in (shared_settings_hash(folder), as_written)
 
 
 def run_stamp(config: RegimeConfig, folder: Path, arm: Arm, shared_settings: str) -> dict:
