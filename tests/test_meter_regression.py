@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from conftest import make_tiny_tokenizer
 from deltattg.data.labels import remaining_sums
 from deltattg.meter.regression import (RegressionConfig, RegressionMeter, decision_blocks, plan_windows, make_head,
                                        shared_prefix_groups)
-from deltattg.meter.train_regression import RegressionTrainConfig, train_regression_meter, trajectory_examples
+from deltattg.meter.train_regression import (OnPolicyRefresh, RegressionTrainConfig, _row_of, consecutive_pairs, step_pairs,
+                                             train_head_on_features, train_regression_meter, trajectory_examples)
 
 WORDS = "system user assistant tool goal go to take put the mug cup done next action interaction history of an agent".split()
 
@@ -316,7 +318,6 @@ def test_training_with_the_step_change_loss_fits_the_changes(tmp_path):
 
 
 def test_consecutive_pairs_name_by_example_the_pairs_step_pairs_name_by_read():
-    from deltattg.meter.train_regression import _row_of, consecutive_pairs, step_pairs
 
     meter = tiny_meter()
     windows, examples = synthetic_examples(meter)
@@ -331,8 +332,6 @@ def test_a_head_refresh_with_the_step_change_loss_learns_the_changes():
     """``train_head_on_features`` with consecutive ``pairs`` and ``delta_weight`` (the on-policy refresh's step-change
     loss, ``meter.refresh_delta_weight``): with no level loss on v (``regression_weight`` 0) only the Δ term trains
     v̂, and its changes from state to state follow the labels' far better than after the same training without it."""
-    from deltattg.meter.train_regression import _row_of, consecutive_pairs, train_head_on_features
-
     def change_error(with_pairs: bool) -> float:
         meter = tiny_meter()
         windows, examples = synthetic_examples(meter)
@@ -351,10 +350,6 @@ def test_a_head_refresh_with_the_step_change_loss_learns_the_changes():
 
     without, with_steps = change_error(False), change_error(True)
     assert with_steps < 0.5 * without, (with_steps, without)
-    from dataclasses import replace
-
-    from deltattg.meter.train_regression import OnPolicyRefresh
-
     score = tiny_meter()
     score.config = replace(score.config, target="score")
     with pytest.raises(ValueError, match="trains Token-to-Go"):

@@ -5,10 +5,12 @@ link finds the labels it made (``bench_train.py --meter-fit`` on a moved run onc
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from deltattg.regime.config import QUICK, RegimeConfig
+from deltattg.regime.seeds import settings_moved
 from deltattg.regime.stages import BaseActor, base_actor, build_world, collect_pool, label_settings, pool_labels
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -33,3 +35,11 @@ def test_a_moved_run_folder_finds_the_base_actors_labels(tmp_path):
     reread, report = pool_labels(config, world, moved, again, settings, tmp_path / "moved" / "labels.jsonl")
     assert report.reused == len(pool) and report.cost is None  # every label found, nothing completed again
     assert reread == labels
+
+
+def test_a_seed_folders_path_is_written_as_seed_only_where_a_path_ends_in_its_name():
+    text = ("actor: {model: /runs/h/seed-220/actor}\nrelative: seed-220/pool.jsonl\nquoted: '../seed-220/labels'\n"
+            "other: /runs/myseed-220/actor\nlonger: /runs/seed-2200/actor\n")
+    assert settings_moved(text, Path("/elsewhere/seed-220"), "SEED") == (
+        "actor: {model: SEED/actor}\nrelative: SEED/pool.jsonl\nquoted: 'SEED/labels'\n"
+        "other: /runs/myseed-220/actor\nlonger: /runs/seed-2200/actor\n")

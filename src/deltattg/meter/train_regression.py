@@ -158,7 +158,8 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
     can, value, known = _targets(examples, target)
     x = features[list(rows)]
     generator = torch.Generator().manual_seed(config.seed)
-    with_steps = bool(config.delta_weight) and pairs is not None and len(pairs[0]) > 0
+    if not config.delta_weight or (pairs is not None and len(pairs[0]) == 0):
+        pairs = None
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr_head_frozen, weight_decay=config.weight_decay)
     total = config.head_epochs * math.ceil(len(examples) / config.batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine_warmup(s, total, int(config.warmup_ratio * total)))
@@ -170,8 +171,7 @@ def train_head_on_features(meter: RegressionMeter, features: torch.Tensor, examp
         for start in range(0, len(order), config.batch_size):
             batch = order[start : start + config.batch_size]
             loss = meter_loss(target, head(x[batch]), can[batch], value[batch], config.regression_weight, known[batch])
-            if with_steps:
-                assert pairs is not None
+            if pairs is not None:
                 drawn = torch.randint(len(pairs[0]), (len(batch),), generator=generator)
                 both = torch.cat([pairs[0][drawn], pairs[1][drawn]])
                 ends = torch.arange(len(batch))

@@ -136,7 +136,8 @@ def settings_text(config: RegimeConfig, folder: Path, layout: str) -> str:
 def settings_moved(text: str, folder: Path, target: str) -> str:
     """A seed's ``train.yaml`` text with the path of its seed folder (any path whose last part is ``folder``'s name,
     as the regime writes it, absolute or relative) written as ``target``."""
-    return re.sub(r"(?:[^\s'\"]*/)?" + re.escape(folder.name) + r"(?=/)", lambda _: target, text)
+    path = r"(?<![\w.-])(?:[^\s'\"]*/)?" + re.escape(folder.name) + r"(?=/)"
+    return re.sub(path, lambda _: target, text)
 
 
 def shared_settings_hash(folder: Path, text: str | None = None) -> str:
