@@ -587,14 +587,19 @@ POLICY_TASKS = 64  # evaluation tasks the current policy plays, 4 episodes each 
 
 
 def current_policy(folder: Path, arms: Sequence[Arm]) -> Path | None:
-    """The actor of the latest checkpoint of the first of ``arms`` that has run under the seed's ``folder``."""
+    """The actor of the latest checkpoint of an arm that has run under the seed's ``folder``: the recommended arm's,
+    else the first of ``arms`` that reads a meter, else the first that has run (GRPO, which ``--meter-fit`` adds
+    first, is read last)."""
     from deltattg.train.checkpoint import ACTOR, latest_checkpoint
 
-    for arm in arms:
+    recommended = Arm.parse(RECOMMENDED_ARM).name
+    for arm in sorted(arms, key=lambda arm: (arm.name != recommended, arm.meter is None)):
         found = latest_checkpoint(folder / arm.folder)
         if found is not None:
             return found / ACTOR
     return None
+
+
 FIT_KEYS = ("states", "steps", "b_balanced_accuracy", "ttg_spearman", "delta_spearman", "delta_sign_agreement",
             "sibling_pairs", "sibling_ranking", "completion_accuracy", "calibration_error")  # fmt: skip
 

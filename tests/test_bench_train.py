@@ -387,6 +387,24 @@ def test_an_archive_redraws_the_same_tables_and_gathers_seeds_from_several_outs(
     assert {p: p.read_bytes() for p in archive.rglob("*") if p.is_file()} == before
 
 
+def test_the_current_policys_states_come_from_the_recommended_arm_before_grpo(bench_train, tmp_path):
+    """``--meter-fit`` adds GRPO first; the current-policy states are still those of the arm whose meter is judged:
+    the recommended arm's latest checkpoint, else an arm that reads a meter, GRPO's only when nothing else ran."""
+    from deltattg.regime.config import RECOMMENDED_ARM
+    from deltattg.regime.stages import Arm
+
+    grpo, oracle, recommended = (Arm.parse(spec) for spec in ("grpo", "deltattg@oracle", RECOMMENDED_ARM))
+    arms = [grpo, oracle, recommended]
+    assert bench_train.current_policy(tmp_path, arms) is None
+    for arm, step in ((grpo, 80), (oracle, 40)):
+        (tmp_path / arm.folder / "checkpoints" / f"step-{step}").mkdir(parents=True)
+    assert bench_train.current_policy(tmp_path, arms) == tmp_path / oracle.folder / "checkpoints/step-40/actor"
+    for step in (10, 20):
+        (tmp_path / recommended.folder / "checkpoints" / f"step-{step}").mkdir(parents=True)
+    assert bench_train.current_policy(tmp_path, arms) == tmp_path / recommended.folder / "checkpoints/step-20/actor"
+    assert bench_train.current_policy(tmp_path, [grpo]) == tmp_path / grpo.folder / "checkpoints/step-80/actor"
+
+
 @pytest.mark.slow
 def test_meter_fit_reports_what_credit_reads_for_the_recommended_meter_by_default(tmp_path):
     """``--meter-fit`` without ``--arms`` fits the recommended arm's meter and reads every row — its meter, its
