@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from deltattg.hf import load_causal_lm
+from deltattg.meter.regression import RegressionMeter
 from conftest import needs_smollm2
 
 
@@ -19,6 +20,18 @@ def test_dequantised_gguf_model_saves_and_reloads_to_the_same_logits(tmp_path):
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reloaded(ids).logits)
+
+
+def test_a_regression_meter_on_smollm2_saves_its_backbone_and_reloads_to_the_same_features(tmp_path):
+    """``train-meter --kind regression --model smollm2 --full`` saves the trained backbone: it raised "quantized with
+    gguf and is not serializable" at the very end, after the whole training."""
+    needs_smollm2()
+    meter = RegressionMeter.from_backbone("smollm2").eval()
+    meter.save_pretrained(tmp_path, include_backbone=True)
+    reloaded = RegressionMeter.from_pretrained(tmp_path)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(meter.backbone(ids).last_hidden_state, reloaded.backbone(ids).last_hidden_state)
 
 
 def test_smollm2_is_found_without_importing_its_package():

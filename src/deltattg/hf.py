@@ -126,13 +126,26 @@ def load_tokenizer(spec: str) -> Any:
 
 
 def load_causal_lm(spec: str, **kwargs: Any) -> Any:
-    """``AutoModelForCausalLM`` for a model spec; a GGUF file dequantised to plain tensors comes back as an ordinary
-    model (see :func:`without_gguf_quantizer`)."""
+    """``AutoModelForCausalLM`` for a model spec (see :func:`load_model`)."""
     from transformers import AutoModelForCausalLM
 
+    return load_model(AutoModelForCausalLM, spec, **kwargs)
+
+
+def load_backbone(spec: str, **kwargs: Any) -> Any:
+    """``AutoModel`` (the decoder without its LM head: a regression meter's backbone) for a model spec (see
+    :func:`load_model`)."""
+    from transformers import AutoModel
+
+    return load_model(AutoModel, spec, **kwargs)
+
+
+def load_model(auto_class: Any, spec: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained`` for a model spec; a GGUF file dequantised to plain tensors comes back as an
+    ordinary model (see :func:`without_gguf_quantizer`), so it fine-tunes and saves like any HF checkpoint."""
     path, extra = resolve_pretrained(spec)
     with _local_load_errors(spec, "model"):
-        model = AutoModelForCausalLM.from_pretrained(path, **extra, **kwargs)
+        model = auto_class.from_pretrained(path, **extra, **kwargs)
     return without_gguf_quantizer(model) if "gguf_file" in extra else model
 
 

@@ -292,12 +292,9 @@ class RegressionMeter(nn.Module):
     # ---- loading and saving ------------------------------------------------------------------------------------
     @classmethod
     def from_backbone(cls, spec: str, **config: Any) -> "RegressionMeter":
-        from transformers import AutoModel
+        from deltattg.hf import load_backbone, load_tokenizer
 
-        from deltattg.hf import load_tokenizer, resolve_pretrained
-
-        path, kwargs = resolve_pretrained(spec)
-        return cls(AutoModel.from_pretrained(path, **kwargs), load_tokenizer(spec), RegressionConfig(backbone=spec, **config))
+        return cls(load_backbone(spec), load_tokenizer(spec), RegressionConfig(backbone=spec, **config))
 
     def save_pretrained(self, directory: str | Path, *, include_backbone: bool = True) -> None:
         """HF-style folder: ``meter_config.json``, ``head.pt`` and (unless the backbone was frozen and is loadable
