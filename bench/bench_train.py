@@ -140,10 +140,34 @@ def run_one(args: argparse.Namespace, seed: int, arm: Arm) -> str:
     return f"[bench] seed {seed} {arm.name}: " + ("already there" if reused else f"{time.perf_counter() - start:.0f} s")
 
 
+def run_seeds(pool: concurrent.futures.Executor, jobs: int, seeds: Sequence[int], arms: Sequence[Arm],
+              prepare_seed_: Callable[[int], str], run_arm_: Callable[[int, Arm], str]) -> None:
+    """Every seed's preparation and its (seed, arm) runs on ``pool``, ``jobs`` at once, printing each one's line as it
+    ends. A free process takes the next run of a prepared seed (the earliest seed first), else prepares the next seed:
+    finished seeds accumulate in order (a long benchmark stopped part way keeps every seed it finished), and no
+    process waits for another seed's preparation (a seed already prepared starts its runs at once)."""
+    unprepared, runnable = list(seeds), []
+    running: dict[concurrent.futures.Future, int | None] = {}  # a preparation's future -> its seed; a run's -> None
+    while unprepared or runnable or running:
+        while len(running) < jobs and (runnable or unprepared):
+            if runnable:
+                running[pool.submit(run_arm_, *runnable.pop(0))] = None
+            else:
+                seed = unprepared.pop(0)
+                running[pool.submit(prepare_seed_, seed)] = seed
+        done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in sorted(done, key=lambda f: running[f] is None):  # a preparation's runs queue first
+            seed = running.pop(future)
+            print(future.result(), flush=True)
+            if seed is not None:
+                runnable += [(seed, arm) for arm in arms]
+        runnable.sort(key=lambda unit: seeds.index(unit[0]))
+
+
 def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
-    """The seeds ``--jobs`` at a time: their preparations, then their (seed, arm) runs, ``--jobs`` processes at once —
-    so finished seeds accumulate (a long benchmark stopped part way keeps every seed it finished); refused before
+    """The seeds' preparations and (seed, arm) runs, ``--jobs`` processes at once (:func:`run_seeds`); refused before
     anything is made where a seed's preparation or a finished run was made otherwise (unless ``--allow-mixed``)."""
+    import functools
     import multiprocessing
 
     if not args.allow_mixed:
@@ -151,15 +175,9 @@ def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
                       for line in stale_work(seed_config(args, seed), args.out / f"seed-{seed}", arms)])
     meters = meters_read(arms)
     jobs = max(args.jobs, 1)
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        for start in range(0, len(args.seeds), jobs):
-            seeds = args.seeds[start : start + jobs]
-            for line in pool.map(prepare, [args] * len(seeds), seeds, [meters] * len(seeds)):
-                print(line, flush=True)
-            units = [(seed, arm) for seed in seeds for arm in arms]
-            for line in pool.map(run_one, [args] * len(units), *zip(*units)):
-                print(line, flush=True)
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        run_seeds(pool, jobs, args.seeds, arms, functools.partial(prepare, args, meters=meters),
+                  functools.partial(run_one, args))
 
 
 # ---- reporting -----------------------------------------------------------------------------------------------------
@@ -734,8 +752,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in RUN_LENGTH:  # flags of RegimeConfig's fields, their help and default from the field
         parser.add_argument(f"--{name.replace('_', '-')}", type=count(1), help=f"{setting_help(RegimeConfig, name)} "
                             f"(default: the regime's, {setting_default(RegimeConfig, name)})")
-    parser.add_argument("--jobs", type=count(1), default=1, help="seeds run in parallel processes, that many seeds "
-                        "at a time (default 1)")
+    parser.add_argument("--jobs", type=count(1), default=1, help="processes at once: each prepares a seed or runs one "
+                        "of a prepared seed's arms, a prepared seed's runs first (default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_train"))
     parser.add_argument("--set", type=demo_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="change one RegimeConfig setting: FIELD=VALUE or SECTION.FIELD=VALUE (typed as the "

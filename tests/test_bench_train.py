@@ -444,3 +444,32 @@ def test_meter_fit_reports_what_credit_reads_for_the_recommended_meter_by_defaul
     assert "labels: best-of-k" not in rows and {"belief", "oracle"} <= set(rows)  # no labels on those states
     assert rows["oracle"]["states"] > 20 and rows["oracle"]["delta_spearman"] == 1.0
     assert "grpo/checkpoints/step-" in done.stderr
+
+
+def test_a_prepared_seed_runs_its_arms_while_the_next_seed_prepares(bench_train, capsys):
+    """Two processes, seed 0 prepared at once and seed 1's preparation slow: seed 0's runs take the free process
+    instead of waiting for seed 1's preparation (seed 1's preparation ends only once seed 0's last run has ended; a
+    scheduler that waits for both preparations would never get there and time out); every line is printed once."""
+    import concurrent.futures
+    import threading
+
+    arms = [bench_train.Arm.parse(name) for name in ("grpo", "deltattg@oracle")]
+    seed_0_done, ran = threading.Event(), []
+
+    def prepare(seed: int) -> str:
+        if seed == 1 and not seed_0_done.wait(timeout=10):
+            raise TimeoutError("seed 0's runs waited for seed 1's preparation")
+        return f"prepared {seed}"
+
+    def run(seed: int, arm) -> str:
+        ran.append((seed, arm.name))
+        if [s for s, _ in ran].count(0) == len(arms):
+            seed_0_done.set()
+        return f"ran {seed} {arm.name}"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        bench_train.run_seeds(pool, 2, [0, 1], arms, prepare, run)
+    assert ran[:2] == [(0, "grpo"), (0, "deltattg@oracle")] and sorted(ran[2:]) == [(1, "deltattg@oracle"), (1, "grpo")]
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines) == sorted(["prepared 0", "prepared 1", "ran 0 grpo", "ran 0 deltattg@oracle", "ran 1 grpo",
+                                    "ran 1 deltattg@oracle"])
