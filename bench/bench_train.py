@@ -156,12 +156,12 @@ def run_seeds(pool: concurrent.futures.Executor, jobs: int, seeds: Sequence[int]
                 seed = unprepared.pop(0)
                 running[pool.submit(prepare_seed_, seed)] = seed
         done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-        for future in sorted(done, key=lambda f: running[f] is None):  # a preparation's runs queue first
+        for future in done:
             seed = running.pop(future)
             print(future.result(), flush=True)
             if seed is not None:
                 runnable += [(seed, arm) for arm in arms]
-        runnable.sort(key=lambda unit: seeds.index(unit[0]))
+        runnable.sort(key=lambda unit: seeds.index(unit[0]))  # the earliest seed's runs first
 
 
 def run_all(args: argparse.Namespace, arms: Sequence[Arm]) -> None:
