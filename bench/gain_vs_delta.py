@@ -9,7 +9,7 @@ records; the oracle is 1 by definition). Each benchmark is paired with the meter
     .venv/bin/python bench/bench_train.py --report-only --allow-mixed --out bench/results/household-20 --seeds ...
     .venv/bin/python bench/gain_vs_delta.py \\
         --benchmark bench/results/household-20 docs/results/bench_train_meter_fit.json \\
-        --benchmark bench/results/household-new docs/results/bench_train_meter_fit_new.json \\
+        --benchmark bench/results/household-new docs/results/bench_train_meter_fit_220.json \\
         --out docs/images/gain_vs_delta.png --summary docs/results/gain_vs_delta.json
 
 The answer to "how does the RL gain move with Δ": nothing is fitted or asserted, read the intervals.
@@ -23,9 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from deltattg.regime.comparison import Estimate
 from deltattg.regime.stages import Arm
+from deltattg.summaries import write_summary
 
 STATE_SET = "held-out"
+COLUMNS = ("benchmark", "seeds", "arm", "meter read", "meter's Δ Spearman vs planner (held-out)",
+           "test − GRPO (points)")  # fmt: skip
 
 
 def meter_row(arm: Arm) -> str | None:
@@ -71,6 +75,24 @@ def points(benchmark: Path, fit: Path) -> list[dict[str, Any]]:
     return found
 
 
+def machines(benchmarks: list[Path]) -> list[dict[str, Any]]:
+    """Which seeds of the benchmarks ran on which machine (each report's ``machines``), for the summary's line."""
+    return [run for benchmark in benchmarks
+            for run in json.loads((benchmark / "bench_train.json").read_text()).get("machines", [])]  # fmt: skip
+
+
+def gain_text(point: dict[str, Any]) -> str:
+    """The paired gain in points as bench_train's tables write it: mean [95 % t interval] p=…"""
+    gain = Estimate(point["gain"], point["low"], point["high"], point.get("p"))
+    return gain.text(100, signed=True) + ("" if gain.p is None else f" p={gain.p:.3f}")
+
+
+def points_table(found: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per point: where it comes from, the meter and its Δ, and the paired gain with its interval."""
+    return [[Path(p["benchmark"]).name, f"{min(p['seeds'])}–{max(p['seeds'])}", p["arm"], p["meter"],
+             f"{p['delta_spearman']:.3f}", gain_text(p)] for p in found]  # fmt: skip
+
+
 def draw(found: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
@@ -104,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                         type=Path, help="a bench_train --out/archive folder with its report, and the --meter-fit "
                         "summary of its meter recipe; repeatable")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="the picture (PNG)")
-    parser.add_argument("--summary", type=Path, help="also write the points as JSON")
+    parser.add_argument("--summary", type=Path, help="also write the points as a summary (bench/summary.py's "
+                        "format: a `points` table and the `points` records)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         found = [p for runs, fit in args.benchmark for p in points(runs, fit)]
@@ -115,12 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         print("gain_vs_delta.py: error: no arm that reads a meter in these benchmarks", file=sys.stderr)
         return 2
     draw(found, args.out)
-    print(f"{'benchmark':<28} {'arm':<40} {'Δ ρ':>6} {'test − GRPO (points)':>26}")
-    for p in found:
-        print(f"{Path(p['benchmark']).name:<28} {p['arm']:<40} {p['delta_spearman']:6.3f} "
-              f"{100 * p['gain']:+6.1f} [{100 * p['low']:+.1f}, {100 * p['high']:+.1f}]")
+    rows = points_table(found)
+    print(" | ".join(COLUMNS))
+    for row in rows:
+        print(" | ".join(row))
     if args.summary:
-        args.summary.write_text(json.dumps({"points": found}, indent=2) + "\n")
+        command = ["bench/gain_vs_delta.py", *(sys.argv[1:] if argv is None else argv)]
+        write_summary(args.summary, "gain_vs_delta", command, {"points": (COLUMNS, rows)},
+                      measured_on={"runs": machines([runs for runs, _ in args.benchmark])},
+                      records={"points": found})  # fmt: skip
     return 0
 
 

@@ -98,8 +98,12 @@ def test_gain_vs_delta_pairs_each_meter_reading_arm_with_its_meters_delta(tmp_pa
     summary = tmp_path / "points.json"
     assert bench.main(["--benchmark", str(runs), str(fit), "--out", str(tmp_path / "g.png"), "--summary",
                        str(summary)]) == 0  # fmt: skip
-    found = {p["arm"]: (p["delta_spearman"], p["gain"]) for p in json.loads(summary.read_text())["points"]}
+    written = json.loads(summary.read_text())
+    found = {p["arm"]: (p["delta_spearman"], p["gain"]) for p in written["points"]}
     assert found == {"deltattg_robust@best-of-k": (0.6, 0.05), "deltattg@belief": (0.95, 0.07)}
+    assert [row[2:] for row in written["tables"]["points"]["rows"]] == [
+        ["deltattg_robust@best-of-k", "best-of-k", "0.600", "+5.0 [+1.0, +9.0] p=0.020"],
+        ["deltattg@belief", "belief", "0.950", "+7.0 [+1.0, +9.0] p=0.020"]]  # fmt: skip
     assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
     fit.write_text(json.dumps({"meters": records[:3]}))  # no belief record
     assert bench.main(["--benchmark", str(runs), str(fit), "--out", str(tmp_path / "h.png")]) == 2
