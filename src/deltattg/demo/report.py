@@ -272,7 +272,7 @@ def meter_recipe(config: RegimeConfig, meter_name: str) -> str:
     return (f"Regression meter on {labels} labels ({backbone}, trained end to end{delta}, `{meter_name}/`)")
 
 
-BENCHMARK = "benchmark.json"  # package data: docs/results/bench_train.json's test table
+BENCHMARK = "benchmark.json"  # package data: docs/results/bench_train_new.json's test table
 
 
 def benchmark() -> dict:
