@@ -109,7 +109,7 @@ def draw(found: list[dict[str, Any]], out: Path) -> None:
         ax.errorbar(x, y, yerr=err, fmt="os"[k % 2], capsize=3,
                     label=f"{Path(benchmark).name} (seeds {min(seeds)}–{max(seeds)})")  # fmt: skip
         for p, xi, yi in zip(mine, x, y):
-            ax.annotate(p["arm"], (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            ax.annotate(p["arm"], (xi, yi), textcoords="offset points", xytext=(4, 4 - 12 * k), fontsize=7)  # benchmarks apart
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xlabel("meter's Δ Spearman vs the planner (held-out pool states)")
     ax.set_ylabel("test success − GRPO (points, 95 % t interval)")
